@@ -1,0 +1,36 @@
+# CortexFS: `make demo` shows it working, `make test` runs every test (CI runs `make test`).
+SHELL := bash
+CARGO ?= cargo
+CTX := target/debug/ctx
+FUZZ_SECONDS ?= 30
+FUZZ_TARGETS := policy_v0 manifest control_files package_toml
+
+.PHONY: all build demo test lint fuzz-smoke bench
+
+all: build
+
+build:
+	$(CARGO) build --workspace --bins
+
+demo:
+	@scripts/install-deps demo
+	$(CARGO) build --workspace --bins
+	@scripts/demo
+
+test:
+	@scripts/install-deps test
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) build --workspace --bins
+	$(CARGO) test --workspace
+
+# Runs every fuzz target for FUZZ_SECONDS each (nightly toolchain, cargo-fuzz).
+fuzz-smoke:
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
+	cd fuzz && for t in $(FUZZ_TARGETS); do \
+	  mkdir -p corpus/$$t && \
+	  $(CARGO) +nightly fuzz run $$t corpus/$$t seeds/$$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	done
+
+bench:
+	$(CARGO) bench -p bench

@@ -1,0 +1,5 @@
+//! One module per `ctx` command group.
+
+pub mod name;
+pub mod object;
+pub mod policy;

@@ -1,0 +1,67 @@
+//! Exit codes and the error that carries one.
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | ok |
+//! | 1 | failure |
+//! | 2 | usage or invalid input |
+//! | 13 | permission denied |
+//! | 69 | service unavailable |
+//! | 70 | internal error |
+
+use std::fmt;
+use std::io;
+
+/// Success.
+pub const OK: u8 = 0;
+/// A failure that is not one of the others.
+pub const FAILURE: u8 = 1;
+/// Usage error or invalid input.
+pub const INVALID: u8 = 2;
+/// Permission denied.
+pub const DENIED: u8 = 13;
+/// Service unavailable.
+#[allow(dead_code)]
+pub const UNAVAILABLE: u8 = 69;
+/// Internal error.
+pub const INTERNAL: u8 = 70;
+
+/// An error that ends the program with a chosen exit code. A `Quiet` error has already said all
+/// it has to say (diagnostics on stdout) and prints nothing more.
+#[derive(Debug)]
+pub struct Exit {
+    /// The exit code.
+    pub code: u8,
+    /// The message for stderr, if any.
+    pub message: Option<String>,
+}
+
+impl Exit {
+    /// An exit with a message.
+    pub fn new(code: u8, message: impl Into<String>) -> Exit {
+        Exit { code, message: Some(message.into()) }
+    }
+
+    /// An exit whose output has already been written.
+    pub fn quiet(code: u8) -> Exit {
+        Exit { code, message: None }
+    }
+
+    /// Maps an I/O error met while reading an input named on the command line.
+    pub fn io(what: impl fmt::Display, e: &io::Error) -> Exit {
+        let code = match e.kind() {
+            io::ErrorKind::PermissionDenied => DENIED,
+            io::ErrorKind::NotFound | io::ErrorKind::IsADirectory | io::ErrorKind::InvalidInput => INVALID,
+            _ => FAILURE,
+        };
+        Exit::new(code, format!("{what}: {e}"))
+    }
+}
+
+impl fmt::Display for Exit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.message.as_deref().unwrap_or(""))
+    }
+}
+
+impl std::error::Error for Exit {}

@@ -1,0 +1,66 @@
+//! `ctx`: the CortexFS front end. It parses arguments, installs logging, calls the libraries and
+//! maps errors to exit codes (see [`exit`]).
+
+mod cmd;
+mod exit;
+mod out;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// CortexFS: the filesystem agents run on.
+#[derive(Debug, Parser)]
+#[command(name = "ctx", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Check and test policy v0 files.
+    #[command(subcommand)]
+    Policy(cmd::policy::Cmd),
+    /// Check and install objects.
+    #[command(subcommand)]
+    Object(cmd::object::Cmd),
+    /// Check a name against the object name grammar.
+    ValidateName {
+        /// The name.
+        name: String,
+        /// Also require the MCP form `<server>.<tool>`.
+        #[arg(long)]
+        mcp: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    // A panic is a bug: report it and exit 70, never 101.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default_hook(info);
+        std::process::exit(i32::from(exit::INTERNAL));
+    }));
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Policy(c) => cmd::policy::run(c),
+        Command::Object(c) => cmd::object::run(c),
+        Command::ValidateName { name, mcp } => cmd::name::run(&name, mcp),
+    };
+    match result {
+        Ok(()) => ExitCode::from(exit::OK),
+        Err(e) => match e.downcast_ref::<exit::Exit>() {
+            Some(x) => {
+                if let Some(m) = &x.message {
+                    eprintln!("ctx: {m}");
+                }
+                ExitCode::from(x.code)
+            }
+            None => {
+                eprintln!("ctx: {e:#}");
+                ExitCode::from(exit::FAILURE)
+            }
+        },
+    }
+}

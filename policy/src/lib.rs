@@ -1,0 +1,37 @@
+//! CortexFS layer 0: the pure foundation every other crate builds on.
+//!
+//! - [`name`]: object names (`Name`), including MCP-projected `<server>.<tool>` names.
+//! - [`v0`]: policy v0 parse (every bad line, with line, field and errno), compile (one hash probe
+//!   per check) and evaluate (allow or deny with the reason).
+//! - [`authority`]: the six-layer authority intersection in the spec's order.
+//! - [`attenuate`]: `agent.create` attenuation: children only ever narrow.
+//! - [`mount`], [`tshconf`], [`manifest`], [`package`], [`controls`]: strict parsers for the mount
+//!   table, tsh config and `.tshrc`, `cortexfs.object/v2` manifests, `cortexfs.toml` and control
+//!   file contents.
+//! - [`errno`], [`path`]: errno names and path checks they share.
+//!
+//! No I/O and no unsafe code; no parser panics on any input (each has a fuzz target in `fuzz/`).
+//! Any crate may depend on this one; it depends on no other CortexFS crate.
+
+#![forbid(unsafe_code)]
+
+pub mod attenuate;
+pub mod authority;
+pub mod controls;
+pub mod errno;
+pub mod manifest;
+pub mod mount;
+pub mod name;
+pub mod package;
+pub mod path;
+pub mod tshconf;
+pub mod v0;
+
+pub use errno::Errno;
+pub use name::Name;
+pub use v0::{Class, Decision, Permission, Policy, Query, Rule};
+
+/// The CortexFS version manifests and packages are checked against.
+pub fn cortexfs_version() -> semver::Version {
+    semver::Version::parse(env!("CARGO_PKG_VERSION")).expect("the crate version is semver")
+}

@@ -1,0 +1,28 @@
+//! Helpers for the black-box integration tests in `tests/tests/`: locating the built binaries
+//! and running them. The tests treat CortexFS as users do, through its commands and files.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// The directory holding the workspace's built binaries (`target/debug` or the profile in use).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    // target/<profile>/deps/<test-binary>
+    exe.parent().and_then(|d| d.parent()).expect("target/<profile>").to_path_buf()
+}
+
+/// The path of a workspace binary; panics with a clear message when it was not built.
+pub fn bin(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --workspace --bins` first (make test does)",
+        p.display()
+    );
+    p
+}
+
+/// Runs a workspace binary with arguments and returns its output.
+pub fn run(name: &str, args: &[&str]) -> Output {
+    Command::new(bin(name)).args(args).output().expect("spawn")
+}

@@ -1,0 +1,122 @@
+//! `ctx policy`, `ctx object check` and `ctx validate-name` as users run them.
+
+use std::fs;
+
+use tests::run;
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn policy_check_reports_every_bad_line_with_its_number() {
+    let d = tempfile::tempdir().unwrap();
+    let f = d.path().join("bad.policy");
+    fs::write(
+        &f,
+        "allow coder_t tool:fs.read execute\n\n# comment\nallow coder_t agent:* create\nallow coder_t network:foo connect\nallow coder_t widget:x use\nallow coder_t tool:fs.read run\nallow coder_t tool:fs.stat execute\nallow coder_t tool:x\n",
+    )
+    .unwrap();
+    let out = run("ctx", &["policy", "check", f.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    let want = [3, 4, 5, 6, 7, 9];
+    assert_eq!(lines.len(), want.len(), "{stdout}");
+    for (l, n) in lines.iter().zip(want) {
+        assert!(l.starts_with(&format!("{}:{n}: error: ", f.display())), "{l}");
+        assert!(l.ends_with("(EINVAL)"), "{l}");
+    }
+    assert!(lines[1].contains("object"), "{}", lines[1]);
+    assert!(lines[3].contains("class"), "{}", lines[3]);
+    assert!(lines[4].contains("permission"), "{}", lines[4]);
+}
+
+#[test]
+fn policy_check_good_file_and_several_files() {
+    let d = tempfile::tempdir().unwrap();
+    let good = d.path().join("good.policy");
+    let bad = d.path().join("bad.policy");
+    fs::write(&good, "allow coder_t tool:fs.read execute\n").unwrap();
+    fs::write(&bad, "nonsense\n").unwrap();
+    let out = run("ctx", &["policy", "check", good.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(out.stdout.is_empty());
+    let out = run("ctx", &["policy", "check", good.to_str().unwrap(), bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stdout).starts_with(&format!("{}:1: error:", bad.display())));
+    let out = run("ctx", &["policy", "check", "/nonexistent/file"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).starts_with("ctx: cannot read /nonexistent/file"));
+}
+
+#[test]
+fn policy_test_allow_and_deny() {
+    let d = tempfile::tempdir().unwrap();
+    let f = d.path().join("p");
+    fs::write(&f, "allow coder_t tool:fs.read execute\nallow coder_t agent:reviewer create\n").unwrap();
+    let f = f.to_str().unwrap();
+    let out = run("ctx", &["policy", "test", f, "coder_t", "tool:fs.read", "execute"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(text(&out.stdout).starts_with("allow"));
+    let out = run("ctx", &["policy", "test", f, "coder_t", "tool:shell.exec", "execute"]);
+    assert_eq!(out.status.code(), Some(13));
+    assert!(text(&out.stdout).starts_with("deny: no rule grants coder_t tool:shell.exec execute"));
+    let out = run("ctx", &["policy", "test", f, "coder_t", "agent:reviewer", "start"]);
+    assert_eq!(out.status.code(), Some(13));
+    assert!(text(&out.stdout).contains("rules grant only create"));
+    let out = run("ctx", &["policy", "test", f, "coder_t", "agent:*", "create"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("EINVAL"));
+    let out = run("ctx", &["policy", "test", f, "coder_t", "tool:fs.read", "use"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn validate_name() {
+    assert_eq!(run("ctx", &["validate-name", "fs.read"]).status.code(), Some(0));
+    for bad in ["", ".", "..", "a/b", "x.sock", "x.d", &"a".repeat(65)] {
+        let out = run("ctx", &["validate-name", bad]);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        assert!(text(&out.stderr).starts_with("ctx: invalid name"));
+    }
+    assert_eq!(run("ctx", &["validate-name", "--mcp", "github.search"]).status.code(), Some(0));
+    assert_eq!(run("ctx", &["validate-name", "--mcp", "github"]).status.code(), Some(2));
+}
+
+#[test]
+fn usage_errors_exit_2_and_help_exits_0() {
+    assert_eq!(run("ctx", &["bogus"]).status.code(), Some(2));
+    assert_eq!(run("ctx", &["policy", "check"]).status.code(), Some(2));
+    for args in [
+        &["--help"][..],
+        &["policy", "--help"],
+        &["policy", "check", "--help"],
+        &["policy", "test", "--help"],
+        &["object", "check", "--help"],
+        &["validate-name", "--help"],
+    ] {
+        let out = run("ctx", args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        assert!(text(&out.stdout).contains("Usage:"), "{args:?}");
+    }
+    let out = run("ctx", &["--version"]);
+    assert_eq!(text(&out.stdout).trim(), format!("ctx {}", env!("CARGO_PKG_VERSION")));
+}
+
+#[test]
+fn object_check_lists_every_problem() {
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("m.json");
+    fs::write(
+        &m,
+        r#"{"schema":"cortexfs.object/v1","version":"x","compatibility":{"cortexfs":"*"},"class":"tool","name":"a/b","executable":{"path":"../x","sha256":"00"}}"#,
+    )
+    .unwrap();
+    let out = run("ctx", &["object", "check", m.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let stdout = text(&out.stdout);
+    for field in ["schema", "version", "name", "executable.path", "executable.sha256", "controls"] {
+        assert!(stdout.contains(&format!(": {field}: ")), "{field} in {stdout}");
+    }
+}
