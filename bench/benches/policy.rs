@@ -39,6 +39,25 @@ fn check(b: Bencher, n: usize) {
     });
 }
 
+/// The same pair of checks over keys spread across the whole table (up to 4,096 of them), so
+/// large tables also pay for cache misses.
+#[divan::bench(args = [10, 1_000, 100_000])]
+fn check_spread(b: Bencher, n: usize) {
+    let policy = Policy::from_text(policy_text(n).as_bytes()).expect("valid");
+    let rules: Vec<usize> = (0..n).filter(|i| i % 4 == 0).collect();
+    let stride = (rules.len() / 4096).max(1);
+    let names: Vec<(String, String)> =
+        rules.iter().step_by(stride).map(|i| (format!("agent{}_t", i % 100), format!("tool-{i}"))).collect();
+    let mut k = 0usize;
+    b.bench_local(|| {
+        k = (k + 1) % names.len();
+        let (subject, object) = &names[k];
+        let q = Query { subject, class: Class::Tool, object, permission: Permission::Execute };
+        let miss = Query { subject, class: Class::Tool, object: "absent", permission: Permission::Execute };
+        (black_box(&policy).allows(&q), black_box(&policy).allows(&miss))
+    });
+}
+
 #[divan::bench(args = [10, 1_000, 100_000])]
 fn parse_and_compile(b: Bencher, n: usize) {
     let text = policy_text(n);
