@@ -11,9 +11,8 @@ fn policyish() -> impl Strategy<Value = Vec<u8>> {
         "(execute|use|read|write|resume|create|start|stop|connect|run)",
         "[ -~\t#\r]{0,8}",
     ];
-    prop::collection::vec(prop::collection::vec(word, 0..6), 0..8).prop_map(|lines| {
-        lines.into_iter().map(|l| l.join(" ")).collect::<Vec<_>>().join("\n").into_bytes()
-    })
+    prop::collection::vec(prop::collection::vec(word, 0..6), 0..8)
+        .prop_map(|lines| lines.into_iter().map(|l| l.join(" ")).collect::<Vec<_>>().join("\n").into_bytes())
 }
 
 proptest! {

@@ -1,0 +1,373 @@
+//! The append log: durable, group-committed JSONL appends (spec §6).
+//!
+//! - [`AppendLog::append`] takes one or more complete JSON lines and returns only when they are
+//!   durable. Concurrent appenders share syncs: while one batch is being made durable, new
+//!   appends queue; when that sync completes, the next leader writes everything queued as one
+//!   write plus one fsync. No timer decides when a batch closes.
+//! - Input that is not complete, valid JSON lines (or longer than the line limit, or not at the
+//!   end of the log) is refused whole; nothing partial is ever written.
+//! - A failed sync stops the log: that batch and every later append fail, and nothing is
+//!   acknowledged until the log is reopened (and recovered). A failure is never retried into a
+//!   success.
+//! - [`AppendLog::len`] and [`AppendLog::read_at`] expose only acknowledged bytes.
+//! - Opening recovers: commit evidence (see [`evidence`]) tells a torn, unacknowledged tail, which
+//!   is cut and kept in a `<file>.torn` sidecar, from damage inside acknowledged data, which is an
+//!   error.
+//!
+//! The commit itself has two twins: `portable.rs` (pwrite, fsetxattr, fsync) and `uring.rs`
+//! (the same three as one linked io_uring submission), chosen by [`Engine`].
+
+pub mod evidence;
+mod portable;
+mod recover;
+#[allow(unsafe_code)]
+mod uring;
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Condvar, Mutex, MutexGuard};
+
+use serde::de::IgnoredAny;
+
+use crate::error::{Error, Result};
+use evidence::{Evidence, Mark};
+pub use recover::{Recovery, TORN_SUFFIX, torn_path, verify};
+
+/// The default longest line: 1 MiB.
+pub const DEFAULT_MAX_LINE: usize = 1 << 20;
+
+/// Which commit path to use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Engine {
+    /// The measured default for this machine kind (see `bench/README.md`).
+    #[default]
+    Auto,
+    /// pwrite + fsetxattr + fsync.
+    Portable,
+    /// One linked io_uring submission; fails to open when io_uring is unavailable.
+    Uring,
+}
+
+/// The engine actually in use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineKind {
+    /// pwrite + fsetxattr + fsync.
+    Portable,
+    /// One linked io_uring submission.
+    Uring,
+}
+
+impl Engine {
+    /// Resolves the preference against what this process can do.
+    pub fn resolve(self) -> std::result::Result<EngineKind, String> {
+        match self {
+            Engine::Auto | Engine::Portable => Ok(EngineKind::Portable),
+            Engine::Uring => uring::probe().map(|()| EngineKind::Uring),
+        }
+    }
+}
+
+/// Whether io_uring can be used here; the reason when not.
+pub fn uring_available() -> std::result::Result<(), String> {
+    uring::probe()
+}
+
+/// Log options.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Longest accepted line in bytes, newline excluded.
+    pub max_line: usize,
+    /// Commit path.
+    pub engine: Engine,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options { max_line: DEFAULT_MAX_LINE, engine: Engine::Auto }
+    }
+}
+
+/// Checks that `bytes` is one or more complete, valid JSON lines; returns the number of lines.
+pub fn validate(bytes: &[u8], max_line: usize) -> Result<usize> {
+    if bytes.is_empty() {
+        return Err(Error::Invalid("empty append".into()));
+    }
+    let Some(body) = bytes.strip_suffix(b"\n") else {
+        return Err(Error::Invalid("the last line is incomplete (no trailing newline)".into()));
+    };
+    let mut n = 0;
+    for (i, line) in body.split(|&b| b == b'\n').enumerate() {
+        if line.len() > max_line {
+            return Err(Error::Invalid(format!(
+                "line {} is {} bytes; the limit is {max_line}",
+                i + 1,
+                line.len()
+            )));
+        }
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return Err(Error::Invalid(format!("line {} is blank", i + 1)));
+        }
+        if let Err(e) = serde_json::from_slice::<IgnoredAny>(line) {
+            return Err(Error::Invalid(format!("line {} is not valid JSON: {e}", i + 1)));
+        }
+        n += 1;
+    }
+    Ok(n)
+}
+
+#[derive(Debug)]
+struct State {
+    /// Bytes queued for the open batch.
+    pending: Vec<u8>,
+    /// A spare buffer, swapped with `pending` to keep its allocation.
+    spare: Vec<u8>,
+    /// Sequence number of the open batch.
+    open_seq: u64,
+    /// Highest batch sequence number made durable.
+    done_seq: u64,
+    /// A leader is writing and syncing a batch.
+    leading: bool,
+    /// The acknowledged state.
+    acked: Mark,
+    /// Acknowledged plus in-flight plus queued bytes.
+    logical_end: u64,
+    /// Set by the first failed commit; the log is stopped from then on.
+    stopped: Option<String>,
+    /// Batches committed, for statistics.
+    batches: u64,
+    /// The evidence on disk says `prev == cur == acked` (nothing in flight).
+    settled: bool,
+}
+
+/// A group-committed JSONL append log. Share it between threads by reference or `Arc`.
+#[derive(Debug)]
+pub struct AppendLog {
+    path: PathBuf,
+    file: File,
+    opts: Options,
+    engine: EngineKind,
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+impl AppendLog {
+    /// Opens (creating if missing) and recovers the log at `path`. Takes an exclusive lock on the
+    /// file: one process owns a log at a time.
+    pub fn open(path: impl AsRef<Path>, opts: Options) -> Result<(AppendLog, Recovery)> {
+        let path = path.as_ref().to_path_buf();
+        let engine =
+            opts.engine.resolve().map_err(|reason| Error::Unsupported { path: path.clone(), reason })?;
+        let (file, created) = open_or_create(&path)?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(|e| {
+            if e == rustix::io::Errno::WOULDBLOCK {
+                Error::Busy { path: path.clone() }
+            } else {
+                Error::io("lock", &path, e.into())
+            }
+        })?;
+        let recovery = recover::recover(&path, &file, created)?;
+        let state = State {
+            pending: Vec::new(),
+            spare: Vec::new(),
+            open_seq: 1,
+            done_seq: 0,
+            leading: false,
+            acked: recovery.mark,
+            logical_end: recovery.mark.end,
+            stopped: None,
+            batches: 0,
+            settled: true,
+        };
+        Ok((AppendLog { path, file, opts, engine, state: Mutex::new(state), cv: Condvar::new() }, recovery))
+    }
+
+    /// The log's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The commit path in use.
+    pub fn engine(&self) -> EngineKind {
+        self.engine
+    }
+
+    /// Acknowledged length in bytes.
+    pub fn len(&self) -> u64 {
+        self.lock().acked.end
+    }
+
+    /// True when nothing has been acknowledged.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Number of batches committed since open.
+    pub fn batches(&self) -> u64 {
+        self.lock().batches
+    }
+
+    /// Reads acknowledged bytes at `offset`; never returns bytes past the acknowledged end.
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        let end = self.len();
+        if offset >= end {
+            return Ok(0);
+        }
+        let n = usize::try_from(end - offset).unwrap_or(usize::MAX).min(buf.len());
+        self.file.read_exact_at(&mut buf[..n], offset).map_err(|e| Error::io("read", &self.path, e))?;
+        Ok(n)
+    }
+
+    /// Appends complete JSON lines; returns the log's end offset after them once they are
+    /// durable.
+    pub fn append(&self, bytes: &[u8]) -> Result<u64> {
+        self.append_inner(None, bytes)
+    }
+
+    /// Like [`append`](Self::append), but only if the log currently ends at `offset`
+    /// (acknowledged plus queued bytes); otherwise nothing is written.
+    pub fn append_at(&self, offset: u64, bytes: &[u8]) -> Result<u64> {
+        self.append_inner(Some(offset), bytes)
+    }
+
+    /// Closes the log cleanly: settles the evidence (`prev` = `cur`), so that even the last
+    /// batch is covered as acknowledged data and damage to it is reported rather than taken for
+    /// a torn tail. Dropping the log does the same, ignoring errors.
+    pub fn close(self) -> Result<()> {
+        self.settle()
+    }
+
+    /// Drops the log without settling its evidence, leaving the file as a crash would.
+    #[cfg(test)]
+    fn crash(self) {
+        self.lock().settled = true;
+    }
+
+    fn settle(&self) -> Result<()> {
+        let mut st = self.lock();
+        if st.settled || st.stopped.is_some() {
+            return Ok(());
+        }
+        portable::set_evidence(&self.file, &Evidence::settled(st.acked).encode())
+            .and_then(|()| self.file.sync_all())
+            .map_err(|e| Error::io("settle evidence", &self.path, e))?;
+        st.settled = true;
+        Ok(())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn stopped(&self, reason: &str) -> Error {
+        Error::Stopped { path: self.path.clone(), reason: reason.to_owned() }
+    }
+
+    fn append_inner(&self, at: Option<u64>, bytes: &[u8]) -> Result<u64> {
+        validate(bytes, self.opts.max_line)?;
+        let mut st = self.lock();
+        if let Some(reason) = &st.stopped {
+            return Err(self.stopped(reason));
+        }
+        if let Some(offset) = at
+            && offset != st.logical_end
+        {
+            return Err(Error::NotAtEnd { offset, end: st.logical_end });
+        }
+        st.pending.extend_from_slice(bytes);
+        st.logical_end += bytes.len() as u64;
+        let my_seq = st.open_seq;
+        let my_end = st.logical_end;
+        loop {
+            if st.done_seq >= my_seq {
+                return Ok(my_end);
+            }
+            if let Some(reason) = &st.stopped {
+                return Err(self.stopped(reason));
+            }
+            if st.leading {
+                st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            // Lead: take everything queued as one batch.
+            st.leading = true;
+            let seq = st.open_seq;
+            st.open_seq += 1;
+            let spare = std::mem::take(&mut st.spare);
+            let batch = std::mem::replace(&mut st.pending, spare);
+            let prev = st.acked;
+            drop(st);
+
+            let cur = Mark { end: prev.end + batch.len() as u64, crc: evidence::extend(prev.crc, &batch) };
+            let ev = Evidence { prev, cur }.encode();
+            let result = match self.engine {
+                EngineKind::Portable => portable::commit(&self.file, prev.end, &batch, &ev),
+                EngineKind::Uring => uring::commit(&self.file, prev.end, &batch, &ev),
+            };
+
+            st = self.lock();
+            st.leading = false;
+            match result {
+                Ok(()) => {
+                    st.acked = cur;
+                    st.done_seq = seq;
+                    st.batches += 1;
+                    st.settled = false;
+                    let mut batch = batch;
+                    batch.clear();
+                    st.spare = batch;
+                }
+                Err(e) => {
+                    tracing::error!(path = %self.path.display(), error = %e, "log commit failed; log stopped");
+                    st.stopped = Some(e.to_string());
+                }
+            }
+            self.cv.notify_all();
+        }
+    }
+}
+
+impl Drop for AppendLog {
+    fn drop(&mut self) {
+        if let Err(e) = self.settle() {
+            tracing::warn!(error = %e, "could not settle log evidence on close");
+        }
+    }
+}
+
+fn open_or_create(path: &Path) -> Result<(File, bool)> {
+    let flags = rustix::fs::OFlags::NOFOLLOW.bits() as i32;
+    match OpenOptions::new().read(true).write(true).custom_flags(flags).open(path) {
+        Ok(f) => {
+            let meta = f.metadata().map_err(|e| Error::io("stat", path, e))?;
+            if !meta.is_file() {
+                return Err(Error::Invalid(format!("{} is not a regular file", path.display())));
+            }
+            Ok((f, false))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .custom_flags(flags)
+                .mode(0o644)
+                .open(path)
+                .map_err(|e| Error::io("create", path, e))?;
+            Ok((f, true))
+        }
+        Err(e) => Err(Error::io("open", path, e)),
+    }
+}
+
+/// Fsyncs the directory that holds `path`.
+pub(crate) fn sync_parent(path: &Path) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io("sync directory", dir, e))
+}
+
+#[cfg(test)]
+mod tests;

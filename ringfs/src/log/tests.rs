@@ -1,0 +1,244 @@
+//! Append log tests, run against both commit engines.
+
+use std::fs;
+use std::sync::Arc;
+
+use super::evidence::{Evidence, Mark, XATTR};
+use super::*;
+
+fn engines() -> Vec<Engine> {
+    // On this machine kind io_uring works; a machine where it does not must say so loudly.
+    match uring_available() {
+        Ok(()) => vec![Engine::Portable, Engine::Uring],
+        Err(why) => panic!("io_uring is required to test both engines here: {why}"),
+    }
+}
+
+fn opts(engine: Engine) -> Options {
+    Options { engine, ..Options::default() }
+}
+
+fn lines(n: usize, tag: &str) -> Vec<String> {
+    (0..n).map(|i| format!("{{\"tag\":\"{tag}\",\"i\":{i}}}\n")).collect()
+}
+
+#[test]
+fn append_read_reopen() {
+    for engine in engines() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("messages.jsonl");
+        let (log, rec) = AppendLog::open(&p, opts(engine)).unwrap();
+        assert!(rec.created && rec.torn.is_none());
+        assert_eq!(log.append(b"{\"a\":1}\n").unwrap(), 8);
+        assert_eq!(log.append(b"{\"b\":2}\n{\"c\":3}\n").unwrap(), 24);
+        let mut buf = [0u8; 64];
+        assert_eq!(log.read_at(&mut buf, 0).unwrap(), 24);
+        assert_eq!(log.read_at(&mut buf, 30).unwrap(), 0);
+        drop(log);
+        let (log, rec) = AppendLog::open(&p, opts(engine)).unwrap();
+        assert_eq!((rec.created, rec.adopted, rec.torn, rec.mark.end), (false, false, None, 24));
+        assert_eq!(log.len(), 24);
+        assert_eq!(fs::read(&p).unwrap(), b"{\"a\":1}\n{\"b\":2}\n{\"c\":3}\n");
+    }
+}
+
+#[test]
+fn refusals_write_nothing() {
+    for engine in engines() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("events.jsonl");
+        let (log, _) = AppendLog::open(&p, Options { max_line: 16, engine }).unwrap();
+        log.append(b"{\"ok\":1}\n").unwrap();
+        for bad in [
+            &b""[..],
+            b"{\"a\":1}",
+            b"{\"a\":1}\n{\"b\":",
+            b"{\"a\":1}\n{\"b\":\n",
+            b"\n",
+            b"{\"a\":1}\n\n",
+            b"not json\n",
+            b"{\"long\":\"0123456789\"}\n",
+            b"{\"a\":1} {\"b\":2}\n",
+        ] {
+            assert!(matches!(log.append(bad), Err(Error::Invalid(_))), "{:?}", String::from_utf8_lossy(bad));
+        }
+        assert!(matches!(log.append_at(3, b"{\"x\":1}\n"), Err(Error::NotAtEnd { offset: 3, end: 9 })));
+        assert_eq!(log.append_at(9, b"{\"x\":1}\n").unwrap(), 17);
+        assert_eq!(fs::read(&p).unwrap(), b"{\"ok\":1}\n{\"x\":1}\n");
+    }
+}
+
+#[test]
+fn concurrent_appenders_share_syncs() {
+    for engine in engines() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("log");
+        let log = Arc::new(AppendLog::open(&p, opts(engine)).unwrap().0);
+        let threads: Vec<_> = (0..16)
+            .map(|t| {
+                let log = Arc::clone(&log);
+                std::thread::spawn(move || {
+                    for l in lines(50, &format!("t{t}")) {
+                        log.append(l.as_bytes()).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let text = fs::read_to_string(&p).unwrap();
+        let mut got: Vec<&str> = text.lines().collect();
+        assert_eq!(got.len(), 800);
+        got.sort();
+        got.dedup();
+        assert_eq!(got.len(), 800, "every line exactly once");
+        assert!(log.batches() < 800, "{engine:?}: {} batches for 800 appends", log.batches());
+    }
+}
+
+#[test]
+fn torn_tail_is_cut_and_kept() {
+    for engine in engines() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("log");
+        let (log, _) = AppendLog::open(&p, opts(engine)).unwrap();
+        log.append(b"{\"a\":1}\n").unwrap();
+        drop(log);
+        // What a crash leaves of an unacknowledged batch: bytes past the evidence.
+        let mut f = fs::OpenOptions::new().append(true).open(&p).unwrap();
+        std::io::Write::write_all(&mut f, b"{\"b\":2}\n{\"c\":").unwrap();
+        drop(f);
+        assert_eq!(verify(&p).unwrap(), (log_mark(b"{\"a\":1}\n"), 13));
+        let (log, rec) = AppendLog::open(&p, opts(engine)).unwrap();
+        assert_eq!(rec.torn, Some((8, 13)));
+        assert_eq!(fs::read(&p).unwrap(), b"{\"a\":1}\n");
+        let side = fs::read(torn_path(&p)).unwrap();
+        assert_eq!(side, b"{\"torn_at\":8,\"len\":13}\n{\"b\":2}\n{\"c\":\n");
+        log.append(b"{\"d\":4}\n").unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"{\"a\":1}\n{\"d\":4}\n");
+    }
+}
+
+fn log_mark(bytes: &[u8]) -> Mark {
+    Mark { end: bytes.len() as u64, crc: crc32fast::hash(bytes) }
+}
+
+fn set_evidence(p: &std::path::Path, ev: Evidence) {
+    let f = fs::File::open(p).unwrap();
+    rustix::fs::fsetxattr(&f, XATTR, &ev.encode(), rustix::fs::XattrFlags::empty()).unwrap();
+}
+
+#[test]
+fn evidence_ahead_of_data_falls_back_to_prev() {
+    // The evidence of an in-flight batch became durable, its bytes did not (or only partly).
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("log");
+    let acked = b"{\"a\":1}\n";
+    let inflight = b"{\"a\":1}\n{\"b\":2}\n";
+    for on_disk in [&acked[..], &inflight[..12], b"{\"a\":1}\n\0\0\0\0\0\0\0\0", b"{\"a\":1}\n{\"b\":3}\n"] {
+        fs::write(&p, on_disk).unwrap();
+        set_evidence(&p, Evidence { prev: log_mark(acked), cur: log_mark(inflight) });
+        let (log, rec) = AppendLog::open(&p, Options::default()).unwrap();
+        assert_eq!(rec.mark, log_mark(acked), "{:?}", String::from_utf8_lossy(on_disk));
+        assert_eq!(log.len(), 8);
+        drop(log);
+        assert_eq!(fs::read(&p).unwrap(), acked);
+        let _ = fs::remove_file(torn_path(&p));
+    }
+    // When the in-flight batch is complete it is kept.
+    fs::write(&p, inflight).unwrap();
+    set_evidence(&p, Evidence { prev: log_mark(acked), cur: log_mark(inflight) });
+    assert_eq!(AppendLog::open(&p, Options::default()).unwrap().1.mark, log_mark(inflight));
+}
+
+#[test]
+fn damage_inside_acknowledged_data_is_reported_not_cut() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("log");
+    let (log, _) = AppendLog::open(&p, Options::default()).unwrap();
+    for l in lines(20, "x") {
+        log.append(l.as_bytes()).unwrap();
+    }
+    drop(log);
+    let good = fs::read(&p).unwrap();
+    for pos in [0, 5, good.len() / 2, good.len() - 2] {
+        let mut bad = good.clone();
+        bad[pos] ^= 0x01;
+        fs::write(&p, &bad).unwrap();
+        let err = AppendLog::open(&p, Options::default()).unwrap_err();
+        assert!(matches!(err, Error::Damaged { .. }), "{pos}: {err}");
+        assert_eq!(fs::read(&p).unwrap(), bad, "nothing changed");
+        assert!(verify(&p).is_err());
+    }
+    // Shorter than acknowledged.
+    fs::write(&p, &good[..good.len() - 10]).unwrap();
+    assert!(matches!(AppendLog::open(&p, Options::default()), Err(Error::Damaged { .. })));
+    assert!(!torn_path(&p).exists());
+}
+
+#[test]
+fn foreign_files_adopted_or_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("log");
+    fs::write(&p, b"{\"a\":1}\n").unwrap();
+    let (log, rec) = AppendLog::open(&p, Options::default()).unwrap();
+    assert!(rec.adopted);
+    log.append(b"{\"b\":2}\n").unwrap();
+    drop(log);
+    let q = d.path().join("other");
+    fs::write(&q, b"{\"a\":1}\n{\"b\"").unwrap();
+    assert!(matches!(AppendLog::open(&q, Options::default()), Err(Error::Damaged { .. })));
+    assert_eq!(fs::read(&q).unwrap(), b"{\"a\":1}\n{\"b\"");
+}
+
+#[test]
+fn one_owner_at_a_time() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("log");
+    let (_log, _) = AppendLog::open(&p, Options::default()).unwrap();
+    assert!(matches!(AppendLog::open(&p, Options::default()), Err(Error::Busy { .. })));
+}
+
+#[test]
+fn symlinks_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("log");
+    std::os::unix::fs::symlink("/etc/passwd", &p).unwrap();
+    assert!(AppendLog::open(&p, Options::default()).is_err());
+}
+
+#[test]
+fn crash_leaves_earlier_batches_covered() {
+    // Without a clean close, every batch but the last is covered by `prev`; damage there is
+    // reported.
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("log");
+    let (log, _) = AppendLog::open(&p, Options::default()).unwrap();
+    for l in lines(10, "x") {
+        log.append(l.as_bytes()).unwrap();
+    }
+    log.crash();
+    let mut bad = fs::read(&p).unwrap();
+    bad[3] ^= 0x04;
+    fs::write(&p, &bad).unwrap();
+    assert!(matches!(AppendLog::open(&p, Options::default()), Err(Error::Damaged { .. })));
+}
+
+#[test]
+fn crash_then_damaged_last_batch_is_taken_for_a_torn_tail() {
+    // The one ambiguity of any log: after a crash, damage inside the last batch looks exactly
+    // like a torn write of it. It is cut, and kept in the sidecar.
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("log");
+    let (log, _) = AppendLog::open(&p, Options::default()).unwrap();
+    log.append(b"{\"a\":1}\n").unwrap();
+    log.append(b"{\"b\":2}\n").unwrap();
+    log.crash();
+    let mut bad = fs::read(&p).unwrap();
+    bad[10] ^= 0x01;
+    fs::write(&p, &bad).unwrap();
+    let (_log, rec) = AppendLog::open(&p, Options::default()).unwrap();
+    assert_eq!(rec.torn, Some((8, 8)));
+    assert!(fs::read(torn_path(&p)).unwrap().ends_with(&[&bad[8..], b"\n"].concat()));
+}
