@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 use ringfs::log::{AppendLog, Engine, Options};
 
 fn record(t: usize, i: usize) -> Vec<u8> {
-    let mut r = format!("{{\"ts\":\"2026-06-22T12:00:00Z\",\"type\":\"tool.call\",\"agent\":\"coder\",\"thread\":{t},\"i\":{i},\"pad\":\"");
+    let mut r = format!(
+        "{{\"ts\":\"2026-06-22T12:00:00Z\",\"type\":\"tool.call\",\"agent\":\"coder\",\"thread\":{t},\"i\":{i},\"pad\":\""
+    );
     while r.len() < 198 {
         r.push('x');
     }
@@ -97,7 +99,8 @@ fn per_record(dir: &Path) -> Append {
 
 fn group(dir: &Path, engine: Engine, n: usize) -> (Append, Arc<AppendLog>) {
     let opts = Options { engine, ..Options::default() };
-    let log = Arc::new(AppendLog::open(dir.join(format!("group-{engine:?}-{n}.jsonl")), opts).expect("open").0);
+    let log =
+        Arc::new(AppendLog::open(dir.join(format!("group-{engine:?}-{n}.jsonl")), opts).expect("open").0);
     let l = Arc::clone(&log);
     (
         Arc::new(move |r: &[u8]| {

@@ -179,13 +179,7 @@ impl AppendLog {
         let engine =
             opts.engine.resolve().map_err(|reason| Error::Unsupported { path: path.clone(), reason })?;
         let (file, created) = open_or_create(&path)?;
-        rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(|e| {
-            if e == rustix::io::Errno::WOULDBLOCK {
-                Error::Busy { path: path.clone() }
-            } else {
-                Error::io("lock", &path, e.into())
-            }
-        })?;
+        lock_exclusive(&path, &file)?;
         let recovery = recover::recover(&path, &file, created)?;
         let state = State {
             pending: Vec::new(),
@@ -200,7 +194,18 @@ impl AppendLog {
             settled: true,
             reserved: 0,
         };
-        Ok((AppendLog { path, file, opts, engine, state: Mutex::new(state), done_seq: AtomicU64::new(0), stopped: AtomicBool::new(false) }, recovery))
+        Ok((
+            AppendLog {
+                path,
+                file,
+                opts,
+                engine,
+                state: Mutex::new(state),
+                done_seq: AtomicU64::new(0),
+                stopped: AtomicBool::new(false),
+            },
+            recovery,
+        ))
     }
 
     /// The log's path.
@@ -417,6 +422,23 @@ impl Drop for AppendLog {
     fn drop(&mut self) {
         if let Err(e) = self.settle() {
             tracing::warn!(error = %e, "could not settle log evidence on close");
+        }
+    }
+}
+
+/// Takes the exclusive lock on a log. A process that died with io_uring requests in flight keeps
+/// its files (and their locks) for a short while after it exits, until the kernel tears its ring
+/// down; so a held lock is retried for up to two seconds before the log is reported busy.
+fn lock_exclusive(path: &Path, file: &File) -> Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        match rustix::fs::flock(file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(()),
+            Err(rustix::io::Errno::WOULDBLOCK) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(rustix::io::Errno::WOULDBLOCK) => return Err(Error::Busy { path: path.to_path_buf() }),
+            Err(e) => return Err(Error::io("lock", path, e.into())),
         }
     }
 }
