@@ -53,6 +53,9 @@ pub enum Error {
         /// The file.
         path: PathBuf,
     },
+    /// The request conflicts with what is in storage (already installed, nothing to remove...).
+    #[error("{0}")]
+    Conflict(String),
     /// The storage lacks something ringfs needs.
     #[error("{path}: unsupported storage: {reason}", path = path.display())]
     Unsupported {
@@ -77,6 +80,7 @@ impl Error {
             Error::Invalid(_) | Error::NotAtEnd { .. } => Errno::INVAL.raw_os_error(),
             Error::Stopped { .. } | Error::Damaged { .. } => Errno::IO.raw_os_error(),
             Error::Busy { .. } => Errno::BUSY.raw_os_error(),
+            Error::Conflict(_) => Errno::EXIST.raw_os_error(),
             Error::Unsupported { .. } => Errno::NOTSUP.raw_os_error(),
         }
     }

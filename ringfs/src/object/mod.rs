@@ -1,26 +1,37 @@
-//! The object store: checking manifests against the files they name.
+//! The object store (spec §9): checking manifests against the files they name, and hash-bound
+//! atomic publish of tool and agent objects into storage.
 //!
 //! [`check`] reads a `cortexfs.object/v2` manifest, then every file it names: each must be a
 //! regular file reached without symlinks inside the manifest's directory, match its SHA-256,
-//! and (the executable and hooks) carry an execute bit; control files must hold valid contents.
-//! Every problem is reported.
+//! and (the executable and hooks) carry an execute bit; control files must hold valid contents
+//! (a `.d/program` declaration is validated as a JSON object and never executed). Every problem
+//! is reported. The bytes that were hashed are the bytes that get installed: they are kept in
+//! [`Checked`], never read twice.
+//!
+//! [`publish`] installs, replaces, rolls back and uninstalls checked objects.
+
+pub mod publish;
 
 use std::fs;
 use std::io::Read;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use policy::controls;
 use policy::manifest::{self, ControlSource, FileRef, Manifest, Problem};
 use sha2::{Digest, Sha256};
 
-/// A manifest whose files all check out.
+/// A manifest whose files all check out, with the verified bytes.
 #[derive(Debug)]
 pub struct Checked {
     /// The parsed manifest.
     pub manifest: Manifest,
     /// The directory its relative paths are resolved against.
     pub base: PathBuf,
+    /// The executable's bytes (hash verified).
+    pub executable: Vec<u8>,
+    /// Every control's bytes, inline or from its verified file.
+    pub controls: std::collections::BTreeMap<String, Vec<u8>>,
 }
 
 fn problem(field: impl Into<String>, message: impl Into<String>) -> Problem {
@@ -40,14 +51,18 @@ fn read_ref(base: &Path, rel: &str) -> Result<(Vec<u8>, u32), String> {
             return Err(format!("{} is a symlink; symlinks are refused", at.display()));
         }
     }
-    let meta = fs::symlink_metadata(&at).map_err(|e| format!("{}: {e}", at.display()))?;
+    // Open without following a symlink swapped in since the walk, then judge the opened file.
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(&at)
+        .map_err(|e| format!("{}: {e}", at.display()))?;
+    let meta = f.metadata().map_err(|e| format!("{}: {e}", at.display()))?;
     if !meta.is_file() {
         return Err(format!("{} is not a regular file", at.display()));
     }
     let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
-    fs::File::open(&at)
-        .and_then(|mut f| f.read_to_end(&mut bytes))
-        .map_err(|e| format!("{}: {e}", at.display()))?;
+    f.read_to_end(&mut bytes).map_err(|e| format!("{}: {e}", at.display()))?;
     Ok((bytes, meta.permissions().mode()))
 }
 
@@ -86,17 +101,30 @@ pub fn check(path: &Path) -> Result<Checked, Vec<Problem>> {
     let base = path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
     let base = if base.as_os_str().is_empty() { PathBuf::from(".") } else { base };
     let mut out = Vec::new();
-    verify(&base, "executable", &manifest.executable, true, &mut out);
+    let executable = verify(&base, "executable", &manifest.executable, true, &mut out);
+    let mut contents = std::collections::BTreeMap::new();
     for (name, source) in &manifest.controls {
-        let ControlSource::File(r) = source else { continue };
         let field = format!("controls.{name}");
-        if let Some(bytes) = verify(&base, &field, r, controls::is_hook(name), &mut out)
-            && let Err(e) = controls::validate(manifest.class, &manifest.name, name, &bytes)
-        {
-            out.push(problem(field, e));
+        match source {
+            ControlSource::Text(t) => {
+                contents.insert(name.clone(), t.clone().into_bytes());
+            }
+            ControlSource::File(r) => {
+                if let Some(bytes) = verify(&base, &field, r, controls::is_hook(name), &mut out) {
+                    match controls::validate(manifest.class, &manifest.name, name, &bytes) {
+                        Ok(()) => {
+                            contents.insert(name.clone(), bytes);
+                        }
+                        Err(e) => out.push(problem(field, e)),
+                    }
+                }
+            }
         }
     }
-    if out.is_empty() { Ok(Checked { manifest, base }) } else { Err(out) }
+    match executable {
+        Some(executable) if out.is_empty() => Ok(Checked { manifest, base, executable, controls: contents }),
+        _ => Err(out),
+    }
 }
 
 #[cfg(test)]
