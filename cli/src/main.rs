@@ -25,6 +25,9 @@ enum Command {
     /// Check and install objects.
     #[command(subcommand)]
     Object(cmd::object::Cmd),
+    /// Publish, claim, finish and recover jobs of a file-native queue.
+    #[command(subcommand)]
+    Queue(cmd::queue::Cmd),
     /// Check a name against the object name grammar.
     ValidateName {
         /// The name.
@@ -46,6 +49,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Policy(c) => cmd::policy::run(c),
         Command::Object(c) => cmd::object::run(c),
+        Command::Queue(c) => cmd::queue::run(c),
         Command::ValidateName { name, mcp } => cmd::name::run(&name, mcp),
     };
     match result {

@@ -13,5 +13,6 @@
 pub mod error;
 pub mod log;
 pub mod object;
+pub mod queue;
 
 pub use error::{Error, Result};

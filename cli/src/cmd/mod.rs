@@ -3,3 +3,4 @@
 pub mod name;
 pub mod object;
 pub mod policy;
+pub mod queue;

@@ -1,0 +1,880 @@
+//! The shared-space job queue (spec §8): file-native state, no daemon.
+//!
+//! ```text
+//! queue/inbox/    publish temp files
+//! queue/pending/J          published, waiting
+//! queue/claimed/J/J        claimed (mkdir claimed/J is the exclusive arbiter)
+//! queue/lease/J/worker     the claimer's lease (JSON: worker, pid, claim identity, time)
+//! queue/done/J + J.result  finished
+//! queue/failed/J + J.result
+//! ```
+//! Jobs are named `*.req.json` and must be valid object names; anything else in `pending/`
+//! (other names, symlinks, non-regular files) is reported and never treated as a job.
+//!
+//! - publish: write a temp file in `inbox/`, fsync, rename to `pending/J` without replacing.
+//! - claim: `mkdir claimed/J` (the winner is the only one to move the request), rename
+//!   `pending/J` to `claimed/J/J`; then lease: create and sync `lease/J/worker`. A job runs only
+//!   after both are durable.
+//! - finish: the result is written and synced inside the claim directory, renamed to
+//!   `J.result` there without replacing, then the request is moved to `done/J` (or `failed/J`)
+//!   and the result beside it. Moving the request out of the claim directory is the commit: it is
+//!   done through the claim directory's descriptor, and only one rename of that entry can win.
+//! - recover: a claim whose lease has expired (or, explicitly reconciled, a claim that never got
+//!   a lease and is older than the lease time) is fenced first (its claim directory is renamed
+//!   away), then its request goes back to `pending/` (policy `requeue`) or to `failed/` with a
+//!   result saying so (policy `fail`). A stalled worker that wakes afterwards finds its request
+//!   gone from its claim directory and cannot commit. A live worker may hold a lock on its lease
+//!   file; a locked lease is never recovered, expired or not.
+//! - Every rename and removal is followed by an fsync of each affected directory.
+//!
+//! Execution is at least once; commit is exactly once.
+
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags, RenameFlags};
+use rustix::io::Errno;
+
+use crate::error::{Error, Result};
+
+/// The queue's subdirectories.
+pub const DIRS: [&str; 6] = ["inbox", "pending", "lease", "claimed", "done", "failed"];
+const INBOX: usize = 0;
+const PENDING: usize = 1;
+const LEASE: usize = 2;
+const CLAIMED: usize = 3;
+const DONE: usize = 4;
+const FAILED: usize = 5;
+
+/// The default lease time.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+
+/// What to do with a recovered job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// Back to `pending/`, to run again.
+    Requeue,
+    /// To `failed/`, with a result saying it was recovered.
+    Fail,
+}
+
+/// Checks a job name: a valid object name ending in `.req.json`.
+pub fn check_job_name(name: &str) -> std::result::Result<(), String> {
+    policy::name::validate(name).map_err(|e| format!("{name:?}: {e}"))?;
+    if !name.ends_with(".req.json") || name.len() == ".req.json".len() {
+        return Err(format!("{name:?}: job names end in .req.json"));
+    }
+    Ok(())
+}
+
+/// An open queue.
+#[derive(Debug)]
+pub struct Queue {
+    root: PathBuf,
+    dirs: Vec<OwnedFd>,
+    lease: Duration,
+    syncs: AtomicU64,
+}
+
+fn errno(op: &'static str, path: PathBuf) -> impl FnOnce(Errno) -> Error {
+    move |e| Error::io(op, path, e.into())
+}
+
+fn open_dir_at<Fd: AsFd>(dir: Fd, name: &str, shown: &Path) -> Result<OwnedFd> {
+    rustix::fs::openat(
+        dir,
+        name,
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
+        Mode::empty(),
+    )
+    .map_err(errno("open directory", shown.to_path_buf()))
+}
+
+/// A claimed job, leased to a worker.
+#[derive(Debug)]
+pub struct Claim {
+    /// The job name.
+    pub job: String,
+    /// The worker holding it.
+    pub worker: String,
+    claim: OwnedFd,
+    lease_file: Option<File>,
+}
+
+/// The outcome of finishing a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// The result and the request are in `done/` (or `failed/`).
+    Committed,
+    /// The claim was recovered while the worker stalled; nothing was committed.
+    Fenced,
+}
+
+/// What `ls` sees.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Listing {
+    /// Jobs per state, sorted: pending, claimed, done, failed.
+    pub pending: Vec<String>,
+    /// Claimed jobs.
+    pub claimed: Vec<String>,
+    /// Finished jobs.
+    pub done: Vec<String>,
+    /// Failed jobs.
+    pub failed: Vec<String>,
+    /// Entries that are not jobs, with the reason.
+    pub problems: Vec<(PathBuf, String)>,
+}
+
+/// What recovery did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recovered {
+    /// Jobs put back in `pending/`.
+    pub requeued: Vec<String>,
+    /// Jobs moved to `failed/`.
+    pub failed: Vec<String>,
+    /// Partial states completed (a result moved beside its request, stale leases removed...).
+    pub reconciled: Vec<String>,
+    /// Claims left alone: lease live (locked or not expired).
+    pub live: Vec<String>,
+    /// Conflicts that need a person (never overwritten).
+    pub conflicts: Vec<String>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct LeaseRecord {
+    worker: String,
+    pid: u32,
+    claim: u64,
+    at_ms: u128,
+}
+
+fn now_ms() -> u128 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis())
+}
+
+impl Queue {
+    /// Opens the queue at `root`, creating it (and its subdirectories) when missing.
+    pub fn open(root: impl AsRef<Path>, lease: Duration) -> Result<Queue> {
+        let root = root.as_ref().to_path_buf();
+        let created = !root.exists();
+        fs::create_dir_all(&root).map_err(|e| Error::io("create directory", &root, e))?;
+        let rfd =
+            rustix::fs::open(&root, OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::RDONLY, Mode::empty())
+                .map_err(errno("open directory", root.clone()))?;
+        let mut made = false;
+        for d in DIRS {
+            match rustix::fs::mkdirat(&rfd, d, Mode::from_raw_mode(0o775)) {
+                Ok(()) => made = true,
+                Err(Errno::EXIST) => {}
+                Err(e) => return Err(Error::io("create directory", root.join(d), e.into())),
+            }
+        }
+        let q = Queue {
+            dirs: DIRS.iter().map(|d| open_dir_at(&rfd, d, &root.join(d))).collect::<Result<_>>()?,
+            root,
+            lease,
+            syncs: AtomicU64::new(0),
+        };
+        if made {
+            q.fsync(&rfd, &q.root)?;
+        }
+        if created {
+            let parent = q.root.parent().unwrap_or(Path::new("/")).to_path_buf();
+            let pfd = rustix::fs::open(
+                &parent,
+                OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(errno("open directory", parent.clone()))?;
+            q.fsync(&pfd, &parent)?;
+        }
+        Ok(q)
+    }
+
+    /// The queue's root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Number of fsyncs this handle has issued (each file and directory sync counts one).
+    pub fn syncs(&self) -> u64 {
+        self.syncs.load(Ordering::Relaxed)
+    }
+
+    fn path(&self, dir: usize, name: &str) -> PathBuf {
+        self.root.join(DIRS[dir]).join(name)
+    }
+
+    fn fsync<Fd: AsFd>(&self, fd: Fd, shown: &Path) -> Result<()> {
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        rustix::fs::fsync(fd).map_err(errno("sync", shown.to_path_buf()))
+    }
+
+    fn sync_dir(&self, dir: usize) -> Result<()> {
+        self.fsync(&self.dirs[dir], &self.root.join(DIRS[dir]))
+    }
+
+    /// Creates `name` in `dir` exclusively with `bytes`, synced.
+    fn write_new<Fd: AsFd>(&self, dir: Fd, name: &str, bytes: &[u8], shown: &Path) -> Result<File> {
+        let fd = rustix::fs::openat(
+            dir,
+            name,
+            OFlags::CREATE | OFlags::EXCL | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o644),
+        )
+        .map_err(|e| {
+            if e == Errno::EXIST {
+                Error::Conflict(format!("{} exists", shown.display()))
+            } else {
+                Error::io("create", shown, e.into())
+            }
+        })?;
+        let mut f = File::from(fd);
+        f.write_all(bytes).map_err(|e| Error::io("write", shown, e))?;
+        self.fsync(&f, shown)?;
+        Ok(f)
+    }
+
+    /// Publishes a request under `name` (which must end in `.req.json`); the name must be free
+    /// in every state.
+    pub fn publish(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        check_job_name(name).map_err(Error::Invalid)?;
+        for d in [CLAIMED, DONE, FAILED] {
+            if rustix::fs::statat(&self.dirs[d], name, AtFlags::SYMLINK_NOFOLLOW).is_ok() {
+                return Err(Error::Conflict(format!("job {name} already exists in {}/", DIRS[d])));
+            }
+        }
+        let tmp = format!(".{name}.{}.{}", std::process::id(), now_ms());
+        self.write_new(&self.dirs[INBOX], &tmp, bytes, &self.path(INBOX, &tmp))?;
+        if let Err(e) = rustix::fs::renameat_with(
+            &self.dirs[INBOX],
+            &tmp,
+            &self.dirs[PENDING],
+            name,
+            RenameFlags::NOREPLACE,
+        ) {
+            let _ = rustix::fs::unlinkat(&self.dirs[INBOX], &tmp, AtFlags::empty());
+            return Err(if e == Errno::EXIST {
+                Error::Conflict(format!("job {name} is already pending"))
+            } else {
+                Error::io("rename", self.path(PENDING, name), e.into())
+            });
+        }
+        self.sync_dir(PENDING)?;
+        self.sync_dir(INBOX)
+    }
+
+    /// Lists the jobs in every state and the entries that are not jobs.
+    pub fn list(&self) -> Result<Listing> {
+        let mut l = Listing::default();
+        for (d, out) in [(PENDING, 0), (CLAIMED, 1), (DONE, 2), (FAILED, 3)] {
+            let dir = self.root.join(DIRS[d]);
+            let entries = fs::read_dir(&dir).map_err(|e| Error::io("list", &dir, e))?;
+            let mut names = Vec::new();
+            for e in entries {
+                let e = e.map_err(|e| Error::io("list", &dir, e))?;
+                let n = e.file_name().to_string_lossy().into_owned();
+                let ft = e.file_type().map_err(|e| Error::io("stat", e_path(&dir, &n), e))?;
+                if (d == DONE || d == FAILED) && n.ends_with(".req.json.result") {
+                    continue;
+                }
+                if d == CLAIMED && n.starts_with(".fenced.") {
+                    continue;
+                }
+                let why = match check_job_name(&n) {
+                    Err(why) => Some(why),
+                    Ok(()) if ft.is_symlink() => Some(format!("{n:?} is a symlink")),
+                    Ok(()) if d == CLAIMED && !ft.is_dir() => Some(format!("{n:?} is not a claim directory")),
+                    Ok(()) if d != CLAIMED && !ft.is_file() => Some(format!("{n:?} is not a regular file")),
+                    Ok(()) => None,
+                };
+                match why {
+                    Some(w) => l.problems.push((dir.join(&n), w)),
+                    None => names.push(n),
+                }
+            }
+            names.sort();
+            *match out {
+                0 => &mut l.pending,
+                1 => &mut l.claimed,
+                2 => &mut l.done,
+                _ => &mut l.failed,
+            } = names;
+        }
+        Ok(l)
+    }
+
+    /// Claims the first pending job for `worker` and leases it; `None` when nothing is pending.
+    /// With `hold_lock`, the lease file stays locked while the [`Claim`] lives, so the job is
+    /// never recovered from under a live worker.
+    pub fn claim(&self, worker: &str, hold_lock: bool) -> Result<Option<Claim>> {
+        policy::name::validate(worker)
+            .map_err(|e| Error::Invalid(format!("invalid worker name {worker:?}: {e}")))?;
+        let pending = self.list()?.pending;
+        for job in pending {
+            match rustix::fs::mkdirat(&self.dirs[CLAIMED], job.as_str(), Mode::from_raw_mode(0o755)) {
+                Ok(()) => {}
+                Err(Errno::EXIST) => continue,
+                Err(e) => return Err(Error::io("claim", self.path(CLAIMED, &job), e.into())),
+            }
+            self.sync_dir(CLAIMED)?;
+            let claim = open_dir_at(&self.dirs[CLAIMED], &job, &self.path(CLAIMED, &job))?;
+            match rustix::fs::renameat_with(
+                &self.dirs[PENDING],
+                job.as_str(),
+                &claim,
+                job.as_str(),
+                RenameFlags::NOREPLACE,
+            ) {
+                Ok(()) => {}
+                Err(Errno::NOENT) => {
+                    // Gone meanwhile (recovered to failed, or a stale claim race): release.
+                    let _ = rustix::fs::unlinkat(&self.dirs[CLAIMED], job.as_str(), AtFlags::REMOVEDIR);
+                    self.sync_dir(CLAIMED)?;
+                    continue;
+                }
+                Err(e) => return Err(Error::io("claim", self.path(CLAIMED, &job), e.into())),
+            }
+            self.fsync(&claim, &self.path(CLAIMED, &job))?;
+            self.sync_dir(PENDING)?;
+            let ino = rustix::fs::fstat(&claim).map_err(errno("stat", self.path(CLAIMED, &job)))?.st_ino;
+            let lease_file = match self.lease(&job, worker, ino) {
+                Ok(f) => f,
+                Err(e) => {
+                    // No lease, no run: give the request back and release the claim.
+                    if rustix::fs::renameat_with(
+                        &claim,
+                        job.as_str(),
+                        &self.dirs[PENDING],
+                        job.as_str(),
+                        RenameFlags::NOREPLACE,
+                    )
+                    .is_ok()
+                    {
+                        let _ = rustix::fs::unlinkat(&self.dirs[CLAIMED], job.as_str(), AtFlags::REMOVEDIR);
+                        self.sync_dir(PENDING)?;
+                        self.sync_dir(CLAIMED)?;
+                    }
+                    return Err(e);
+                }
+            };
+            let lease_file = if hold_lock {
+                rustix::fs::flock(&lease_file, FlockOperation::NonBlockingLockExclusive)
+                    .map_err(errno("lock", self.path(LEASE, &job)))?;
+                Some(lease_file)
+            } else {
+                None
+            };
+            return Ok(Some(Claim { job, worker: worker.to_owned(), claim, lease_file }));
+        }
+        Ok(None)
+    }
+
+    fn lease(&self, job: &str, worker: &str, claim: u64) -> Result<File> {
+        let dir = self.path(LEASE, job);
+        match rustix::fs::mkdirat(&self.dirs[LEASE], job, Mode::from_raw_mode(0o755)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => return Err(Error::io("lease", &dir, e.into())),
+        }
+        let ldir = open_dir_at(&self.dirs[LEASE], job, &dir)?;
+        let rec = LeaseRecord { worker: worker.to_owned(), pid: std::process::id(), claim, at_ms: now_ms() };
+        let bytes = serde_json::to_vec(&rec).map_err(|e| Error::Invalid(e.to_string()))?;
+        let f = self.write_new(&ldir, "worker", &bytes, &dir.join("worker"))?;
+        self.fsync(&ldir, &dir)?;
+        self.sync_dir(LEASE)?;
+        Ok(f)
+    }
+
+    /// Re-opens a claim made by an earlier process (the CLI claims and finishes in separate
+    /// runs): the lease must name `worker` and the claim directory must be the one it leased.
+    pub fn resume(&self, job: &str, worker: &str) -> Result<Claim> {
+        check_job_name(job).map_err(Error::Invalid)?;
+        let lease =
+            self.read_lease(job)?.ok_or_else(|| Error::Conflict(format!("job {job} has no lease")))?;
+        if lease.worker != worker {
+            return Err(Error::Conflict(format!("job {job} is leased to {}, not {worker}", lease.worker)));
+        }
+        let claim = open_dir_at(&self.dirs[CLAIMED], job, &self.path(CLAIMED, job))
+            .map_err(|_| Error::Conflict(format!("job {job} is not claimed (recovered?)")))?;
+        let ino = rustix::fs::fstat(&claim).map_err(errno("stat", self.path(CLAIMED, job)))?.st_ino;
+        if ino != lease.claim {
+            return Err(Error::Conflict(format!(
+                "job {job} was recovered and claimed again; {worker} is fenced"
+            )));
+        }
+        Ok(Claim { job: job.to_owned(), worker: worker.to_owned(), claim, lease_file: None })
+    }
+
+    fn read_lease(&self, job: &str) -> Result<Option<LeaseRecord>> {
+        let p = self.path(LEASE, job).join("worker");
+        let mut s = String::new();
+        match File::open(&p) {
+            Ok(mut f) => f.read_to_string(&mut s).map_err(|e| Error::io("read", &p, e))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::io("open", &p, e)),
+        };
+        // A lease torn by a crash while it was written is as good as none.
+        Ok(serde_json::from_str(&s).ok())
+    }
+
+    /// Reads a claimed job's request.
+    pub fn request(&self, c: &Claim) -> Result<Vec<u8>> {
+        let fd = rustix::fs::openat(
+            &c.claim,
+            c.job.as_str(),
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(errno("open", self.path(CLAIMED, &c.job)))?;
+        let mut v = Vec::new();
+        File::from(fd).read_to_end(&mut v).map_err(|e| Error::io("read", self.path(CLAIMED, &c.job), e))?;
+        Ok(v)
+    }
+
+    /// Finishes a claimed job with `result`, into `done/` or (with `failed`) `failed/`.
+    pub fn finish(&self, c: Claim, result: &[u8], failed: bool) -> Result<Finish> {
+        let job = c.job.as_str();
+        let shown = self.path(CLAIMED, job);
+        let result_name = format!("{job}.result");
+        let tmp = format!(".{result_name}.tmp");
+        let _ = rustix::fs::unlinkat(&c.claim, tmp.as_str(), AtFlags::empty());
+        match self.write_new(&c.claim, &tmp, result, &shown.join(&tmp)) {
+            Ok(_) => {}
+            // Recovery removed the (fenced) claim directory while the worker stalled.
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Finish::Fenced);
+            }
+            Err(e) => return Err(e),
+        }
+        match rustix::fs::renameat_with(
+            &c.claim,
+            tmp.as_str(),
+            &c.claim,
+            result_name.as_str(),
+            RenameFlags::NOREPLACE,
+        ) {
+            Ok(()) => {}
+            Err(e) => return Err(Error::io("rename", shown.join(&result_name), e.into())),
+        }
+        let dest = if failed { FAILED } else { DONE };
+        // The commit: only one rename of the request out of this claim directory can win.
+        match rustix::fs::renameat_with(&c.claim, job, &self.dirs[dest], job, RenameFlags::NOREPLACE) {
+            Ok(()) => {}
+            Err(Errno::NOENT) => return Ok(Finish::Fenced),
+            Err(Errno::EXIST) => {
+                return Err(Error::Conflict(format!(
+                    "{} already exists; never overwritten",
+                    self.path(dest, job).display()
+                )));
+            }
+            Err(e) => return Err(Error::io("rename", self.path(dest, job), e.into())),
+        }
+        match rustix::fs::renameat_with(
+            &c.claim,
+            result_name.as_str(),
+            &self.dirs[dest],
+            result_name.as_str(),
+            RenameFlags::NOREPLACE,
+        ) {
+            Ok(()) | Err(Errno::NOENT) => {} // NOENT: recovery reconciled it already.
+            Err(e) => return Err(Error::io("rename", self.path(dest, &result_name), e.into())),
+        }
+        self.sync_dir(dest)?;
+        self.fsync(&c.claim, &shown)?;
+        self.release(job, &c)?;
+        Ok(Finish::Committed)
+    }
+
+    /// Removes the lease and the (now empty) claim directory of a committed job.
+    fn release(&self, job: &str, c: &Claim) -> Result<()> {
+        let ino = rustix::fs::fstat(&c.claim).map_err(errno("stat", self.path(CLAIMED, job)))?.st_ino;
+        if self.read_lease(job)?.is_some_and(|l| l.claim == ino && l.worker == c.worker) {
+            let ldir = open_dir_at(&self.dirs[LEASE], job, &self.path(LEASE, job))?;
+            let _ = rustix::fs::unlinkat(&ldir, "worker", AtFlags::empty());
+            let _ = rustix::fs::unlinkat(&self.dirs[LEASE], job, AtFlags::REMOVEDIR);
+            self.sync_dir(LEASE)?;
+        }
+        // Remove the claim directory only if it is still ours under its name.
+        if rustix::fs::statat(&self.dirs[CLAIMED], job, AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|s| s.st_ino == ino)
+        {
+            let _ = rustix::fs::unlinkat(&self.dirs[CLAIMED], job, AtFlags::REMOVEDIR);
+            self.sync_dir(CLAIMED)?;
+        }
+        Ok(())
+    }
+
+    /// Recovers unfinished claims whose lease has expired, and reconciles partial states.
+    pub fn recover(&self, policy: Policy) -> Result<Recovered> {
+        let mut r = Recovered::default();
+        let claimed_dir = self.root.join(DIRS[CLAIMED]);
+        let mut names: Vec<String> = fs::read_dir(&claimed_dir)
+            .map_err(|e| Error::io("list", &claimed_dir, e))?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        for n in names {
+            if let Some(rest) = n.strip_prefix(".fenced.") {
+                // An earlier recovery stopped after fencing: finish its work.
+                let job = rest.rsplit_once('.').map_or(rest, |(j, _)| j).to_owned();
+                self.settle_fenced(&n, &job, policy, &mut r)?;
+                continue;
+            }
+            if check_job_name(&n).is_err() {
+                r.conflicts.push(format!("claimed/{n}: not a job; left alone"));
+                continue;
+            }
+            let claim_path = claimed_dir.join(&n);
+            let Ok(meta) = fs::symlink_metadata(&claim_path) else { continue };
+            if !meta.is_dir() {
+                r.conflicts.push(format!("claimed/{n}: not a claim directory; left alone"));
+                continue;
+            }
+            let lease = self.read_lease(&n)?;
+            let lease_path = self.path(LEASE, &n).join("worker");
+            let locked = match File::open(&lease_path) {
+                Ok(f) => match rustix::fs::flock(&f, FlockOperation::NonBlockingLockShared) {
+                    Ok(()) => false,
+                    Err(Errno::WOULDBLOCK) => true,
+                    Err(e) => return Err(Error::io("lock", &lease_path, e.into())),
+                },
+                Err(_) => false,
+            };
+            if locked {
+                r.live.push(n);
+                continue;
+            }
+            let age_from = match &lease {
+                Some(l) if l.claim == meta.ino() => lease_path.metadata().and_then(|m| m.modified()).ok(),
+                // No lease (or one from an older claim): a partial pair, reconciled by the age
+                // of the claim itself.
+                _ => meta.modified().ok(),
+            };
+            let expired = age_from
+                .and_then(|t| SystemTime::now().duration_since(t).ok())
+                .is_some_and(|age| age >= self.lease);
+            if !expired {
+                r.live.push(n);
+                continue;
+            }
+            if rustix::fs::statat(&self.dirs[CLAIMED], format!("{n}/{n}").as_str(), AtFlags::SYMLINK_NOFOLLOW)
+                .is_err()
+            {
+                // Committed, but the worker died before releasing: finish the cleanup.
+                self.reconcile_committed(&n, &mut r)?;
+                continue;
+            }
+            // Fence: rename the claim directory away before touching the request.
+            let fenced = format!(".fenced.{n}.{}", now_ms());
+            rustix::fs::renameat_with(
+                &self.dirs[CLAIMED],
+                n.as_str(),
+                &self.dirs[CLAIMED],
+                fenced.as_str(),
+                RenameFlags::NOREPLACE,
+            )
+            .map_err(errno("fence", claim_path.clone()))?;
+            self.sync_dir(CLAIMED)?;
+            self.settle_fenced(&fenced, &n, policy, &mut r)?;
+        }
+        // Leases without a claim: the job committed or was recovered; drop them when unlocked.
+        let lease_dir = self.root.join(DIRS[LEASE]);
+        for e in fs::read_dir(&lease_dir).map_err(|e| Error::io("list", &lease_dir, e))?.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if rustix::fs::statat(&self.dirs[CLAIMED], n.as_str(), AtFlags::SYMLINK_NOFOLLOW).is_ok() {
+                continue;
+            }
+            let lp = lease_dir.join(&n).join("worker");
+            let locked = File::open(&lp).ok().is_some_and(|f| {
+                rustix::fs::flock(&f, FlockOperation::NonBlockingLockShared) == Err(Errno::WOULDBLOCK)
+            });
+            let age = e
+                .metadata()
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| SystemTime::now().duration_since(t).ok());
+            if locked || age.is_none_or(|a| a < self.lease) {
+                continue;
+            }
+            let ldir = open_dir_at(&self.dirs[LEASE], &n, &lease_dir.join(&n))?;
+            let _ = rustix::fs::unlinkat(&ldir, "worker", AtFlags::empty());
+            let _ = rustix::fs::unlinkat(&self.dirs[LEASE], n.as_str(), AtFlags::REMOVEDIR);
+            self.sync_dir(LEASE)?;
+            r.reconciled.push(format!("{n}: removed a stale lease"));
+        }
+        Ok(r)
+    }
+
+    /// A committed job whose claim directory and lease were left behind.
+    fn reconcile_committed(&self, job: &str, r: &mut Recovered) -> Result<()> {
+        let claim = open_dir_at(&self.dirs[CLAIMED], job, &self.path(CLAIMED, job))?;
+        let result = format!("{job}.result");
+        let dest = [DONE, FAILED]
+            .into_iter()
+            .find(|&d| rustix::fs::statat(&self.dirs[d], job, AtFlags::SYMLINK_NOFOLLOW).is_ok());
+        if let Some(d) = dest {
+            match rustix::fs::renameat_with(
+                &claim,
+                result.as_str(),
+                &self.dirs[d],
+                result.as_str(),
+                RenameFlags::NOREPLACE,
+            ) {
+                Ok(()) => {
+                    self.sync_dir(d)?;
+                    self.fsync(&claim, &self.path(CLAIMED, job))?;
+                    r.reconciled.push(format!("{job}: moved its result beside the request in {}/", DIRS[d]));
+                }
+                Err(Errno::NOENT) => {}
+                Err(Errno::EXIST) => {
+                    r.conflicts.push(format!("{job}: two results; the one in claimed/ is kept"));
+                    return Ok(());
+                }
+                Err(e) => return Err(Error::io("rename", self.path(d, &result), e.into())),
+            }
+        }
+        // Remove leftovers: the temp result and the empty directory.
+        let _ = rustix::fs::unlinkat(&claim, format!(".{result}.tmp").as_str(), AtFlags::empty());
+        match rustix::fs::unlinkat(&self.dirs[CLAIMED], job, AtFlags::REMOVEDIR) {
+            Ok(()) => {
+                self.sync_dir(CLAIMED)?;
+                if let Ok(ldir) = open_dir_at(&self.dirs[LEASE], job, &self.path(LEASE, job)) {
+                    let _ = rustix::fs::unlinkat(&ldir, "worker", AtFlags::empty());
+                    let _ = rustix::fs::unlinkat(&self.dirs[LEASE], job, AtFlags::REMOVEDIR);
+                    self.sync_dir(LEASE)?;
+                }
+                r.reconciled.push(format!("{job}: removed the claim of a finished job"));
+            }
+            Err(_) => r.conflicts.push(format!("{job}: claim directory holds unexpected files; left alone")),
+        }
+        Ok(())
+    }
+
+    /// Moves the request out of a fenced claim directory per `policy`, then cleans up.
+    fn settle_fenced(&self, fenced: &str, job: &str, policy: Policy, r: &mut Recovered) -> Result<()> {
+        let fpath = self.path(CLAIMED, fenced);
+        let fd = open_dir_at(&self.dirs[CLAIMED], fenced, &fpath)?;
+        // The lease goes before the request leaves, so a new claim of the job can lease it.
+        self.drop_lease(job)?;
+        let has_request = rustix::fs::statat(&fd, job, AtFlags::SYMLINK_NOFOLLOW).is_ok();
+        if has_request {
+            let terminal = [DONE, FAILED]
+                .into_iter()
+                .any(|d| rustix::fs::statat(&self.dirs[d], job, AtFlags::SYMLINK_NOFOLLOW).is_ok());
+            let pending = rustix::fs::statat(&self.dirs[PENDING], job, AtFlags::SYMLINK_NOFOLLOW).is_ok();
+            if terminal || pending {
+                r.conflicts.push(format!(
+                    "{job}: fenced claim conflicts with a pending or finished copy; left in claimed/{fenced}"
+                ));
+                return Ok(());
+            }
+            match policy {
+                Policy::Requeue => {
+                    match rustix::fs::renameat_with(
+                        &fd,
+                        job,
+                        &self.dirs[PENDING],
+                        job,
+                        RenameFlags::NOREPLACE,
+                    ) {
+                        Ok(()) => r.requeued.push(job.to_owned()),
+                        Err(Errno::NOENT) => {} // the stalled worker committed first
+                        Err(e) => return Err(Error::io("requeue", self.path(PENDING, job), e.into())),
+                    }
+                    self.sync_dir(PENDING)?;
+                }
+                Policy::Fail => {
+                    let result = format!("{job}.result");
+                    let note = br#"{"status":"error","error":"recovered after its lease expired"}"#;
+                    let _ = rustix::fs::unlinkat(&fd, result.as_str(), AtFlags::empty());
+                    self.write_new(&fd, &result, note, &fpath.join(&result))?;
+                    match rustix::fs::renameat_with(&fd, job, &self.dirs[FAILED], job, RenameFlags::NOREPLACE)
+                    {
+                        Ok(()) => {
+                            rustix::fs::renameat_with(
+                                &fd,
+                                result.as_str(),
+                                &self.dirs[FAILED],
+                                result.as_str(),
+                                RenameFlags::NOREPLACE,
+                            )
+                            .map_err(errno("rename", self.path(FAILED, &result)))?;
+                            r.failed.push(job.to_owned());
+                        }
+                        Err(Errno::NOENT) => {}
+                        Err(e) => return Err(Error::io("fail", self.path(FAILED, job), e.into())),
+                    }
+                    self.sync_dir(FAILED)?;
+                }
+            }
+            self.fsync(&fd, &fpath)?;
+        }
+        // Empty what is left of the fenced claim (a stalled worker's temp result) and remove it.
+        if let Ok(entries) = fs::read_dir(&fpath) {
+            for e in entries.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if n.starts_with('.') && n.ends_with(".tmp") || n == format!("{job}.result") {
+                    let _ = rustix::fs::unlinkat(&fd, n.as_str(), AtFlags::empty());
+                }
+            }
+        }
+        match rustix::fs::unlinkat(&self.dirs[CLAIMED], fenced, AtFlags::REMOVEDIR) {
+            Ok(()) => self.sync_dir(CLAIMED)?,
+            Err(_) => r.conflicts.push(format!("claimed/{fenced}: not empty; left for inspection")),
+        }
+        Ok(())
+    }
+
+    /// Removes `lease/J` (the fenced worker's lease) so that a new claim can lease the job.
+    fn drop_lease(&self, job: &str) -> Result<()> {
+        if let Ok(ldir) = open_dir_at(&self.dirs[LEASE], job, &self.path(LEASE, job)) {
+            let _ = rustix::fs::unlinkat(&ldir, "worker", AtFlags::empty());
+            let _ = rustix::fs::unlinkat(&self.dirs[LEASE], job, AtFlags::REMOVEDIR);
+            self.sync_dir(LEASE)?;
+        }
+        Ok(())
+    }
+}
+
+impl Claim {
+    /// True when this claim holds its lease lock.
+    pub fn holds_lock(&self) -> bool {
+        self.lease_file.is_some()
+    }
+}
+
+fn e_path(dir: &Path, n: &str) -> PathBuf {
+    dir.join(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(lease: Duration) -> (tempfile::TempDir, Queue) {
+        let d = tempfile::tempdir().unwrap();
+        let q = Queue::open(d.path().join("queue"), lease).unwrap();
+        (d, q)
+    }
+
+    #[test]
+    fn full_cycle_and_its_fsyncs() {
+        let (_d, q) = q(DEFAULT_LEASE);
+        let s0 = q.syncs();
+        q.publish("a.req.json", b"{\"n\":1}").unwrap();
+        assert_eq!(q.syncs() - s0, 3, "publish: temp file, pending/, inbox/");
+        let s1 = q.syncs();
+        let c = q.claim("w1", false).unwrap().unwrap();
+        assert_eq!(q.syncs() - s1, 6, "claim: claimed/, claim dir, pending/; lease: file, lease/J, lease/");
+        assert_eq!(q.request(&c).unwrap(), b"{\"n\":1}");
+        let s2 = q.syncs();
+        assert_eq!(q.finish(c, b"{\"ok\":true}", false).unwrap(), Finish::Committed);
+        assert_eq!(q.syncs() - s2, 5, "finish: result file, done/, claim dir; release: lease/, claimed/");
+        let root = q.root().to_path_buf();
+        assert_eq!(fs::read(root.join("done/a.req.json")).unwrap(), b"{\"n\":1}");
+        assert_eq!(fs::read(root.join("done/a.req.json.result")).unwrap(), b"{\"ok\":true}");
+        for d in ["inbox", "pending", "lease", "claimed"] {
+            assert_eq!(fs::read_dir(root.join(d)).unwrap().count(), 0, "{d} empty");
+        }
+        assert!(q.claim("w1", false).unwrap().is_none());
+        let l = q.list().unwrap();
+        assert_eq!(l.done, ["a.req.json"]);
+        assert!(matches!(q.publish("a.req.json", b"{}"), Err(Error::Conflict(_))));
+    }
+
+    #[test]
+    fn illegal_entries_are_not_jobs() {
+        let (_d, q) = q(DEFAULT_LEASE);
+        let root = q.root().to_path_buf();
+        fs::write(root.join("pending/notes.txt"), b"x").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", root.join("pending/evil.req.json")).unwrap();
+        fs::create_dir(root.join("pending/dir.req.json")).unwrap();
+        fs::write(root.join("pending/.hidden.req.json"), b"x").unwrap();
+        let l = q.list().unwrap();
+        assert!(l.pending.is_empty());
+        assert_eq!(l.problems.len(), 4, "{:?}", l.problems);
+        assert!(q.claim("w", false).unwrap().is_none());
+        assert!(matches!(q.publish("../x.req.json", b"{}"), Err(Error::Invalid(_))));
+        assert!(matches!(q.publish("x.json", b"{}"), Err(Error::Invalid(_))));
+    }
+
+    #[test]
+    fn stalled_worker_is_fenced_after_recovery() {
+        let (_d, q) = q(Duration::ZERO);
+        q.publish("j.req.json", b"{}").unwrap();
+        let stalled = q.claim("w1", false).unwrap().unwrap();
+        let r = q.recover(Policy::Requeue).unwrap();
+        assert_eq!(r.requeued, ["j.req.json"]);
+        let fresh = q.claim("w2", false).unwrap().unwrap();
+        // The stalled worker wakes and tries to commit: fenced.
+        assert_eq!(q.finish(stalled, b"{\"stale\":1}", false).unwrap(), Finish::Fenced);
+        assert_eq!(q.finish(fresh, b"{\"fresh\":1}", false).unwrap(), Finish::Committed);
+        let root = q.root().to_path_buf();
+        assert_eq!(fs::read(root.join("done/j.req.json.result")).unwrap(), b"{\"fresh\":1}");
+        let left: Vec<_> =
+            fs::read_dir(root.join("claimed")).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert!(left.len() <= 1, "at most the stalled worker's fenced directory: {left:?}");
+        q.recover(Policy::Requeue).unwrap();
+    }
+
+    #[test]
+    fn locked_lease_is_never_recovered() {
+        let (_d, q) = q(Duration::ZERO);
+        q.publish("j.req.json", b"{}").unwrap();
+        let c = q.claim("w1", true).unwrap().unwrap();
+        assert!(c.holds_lock());
+        let r = q.recover(Policy::Requeue).unwrap();
+        assert_eq!(r.live, ["j.req.json"]);
+        assert!(r.requeued.is_empty());
+        assert_eq!(q.finish(c, b"{}", false).unwrap(), Finish::Committed);
+    }
+
+    #[test]
+    fn unexpired_lease_is_left_alone_and_fail_policy() {
+        let (_d, q) = q(Duration::from_secs(3600));
+        q.publish("j.req.json", b"{}").unwrap();
+        let _c = q.claim("w1", false).unwrap().unwrap();
+        assert_eq!(q.recover(Policy::Requeue).unwrap().live, ["j.req.json"]);
+        let q2 = Queue::open(q.root(), Duration::ZERO).unwrap();
+        let r = q2.recover(Policy::Fail).unwrap();
+        assert_eq!(r.failed, ["j.req.json"]);
+        assert!(q.root().join("failed/j.req.json.result").exists());
+    }
+
+    #[test]
+    fn resume_checks_the_lease() {
+        let (_d, q) = q(Duration::ZERO);
+        q.publish("j.req.json", b"{}").unwrap();
+        drop(q.claim("w1", false).unwrap().unwrap());
+        assert!(matches!(q.resume("j.req.json", "w2"), Err(Error::Conflict(_))));
+        let c = q.resume("j.req.json", "w1").unwrap();
+        q.recover(Policy::Requeue).unwrap();
+        let _c2 = q.claim("w2", false).unwrap().unwrap();
+        assert!(matches!(q.resume("j.req.json", "w1"), Err(Error::Conflict(_))), "fenced by identity");
+        assert_eq!(q.finish(c, b"{}", false).unwrap(), Finish::Fenced, "fenced by its descriptor");
+    }
+
+    #[test]
+    fn committed_but_unreleased_is_reconciled() {
+        let (_d, q) = q(Duration::ZERO);
+        q.publish("j.req.json", b"{}").unwrap();
+        let c = q.claim("w1", false).unwrap().unwrap();
+        // Simulate a crash right after the commit rename: result still in the claim dir.
+        let root = q.root().to_path_buf();
+        fs::write(root.join("claimed/j.req.json/j.req.json.result"), b"{\"r\":1}").unwrap();
+        fs::rename(root.join("claimed/j.req.json/j.req.json"), root.join("done/j.req.json")).unwrap();
+        drop(c);
+        let r = q.recover(Policy::Requeue).unwrap();
+        assert!(r.requeued.is_empty());
+        assert_eq!(fs::read(root.join("done/j.req.json.result")).unwrap(), b"{\"r\":1}");
+        for d in ["lease", "claimed", "pending"] {
+            assert_eq!(fs::read_dir(root.join(d)).unwrap().count(), 0, "{d} empty");
+        }
+    }
+}
