@@ -1,0 +1,172 @@
+//! Faults surface as clear errors and lose nothing: a full filesystem (ENOSPC), a read-only one
+//! (EROFS), and a user without permission (EACCES). Uses real mounts (tmpfs) as root.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ringfs::log::{AppendLog, Options};
+use ringfs::queue::{DEFAULT_LEASE, Queue};
+
+/// A tmpfs of `size` mounted on a fresh directory; unmounted (lazily) on drop.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn new(size: &str) -> Tmpfs {
+        assert!(rustix::process::geteuid().is_root(), "these tests mount tmpfs and must run as root");
+        let dir = tempfile::tempdir().unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755")])
+            .arg("tmpfs")
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount tmpfs");
+        Tmpfs { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn remount(&self, opts: &str) {
+        let st =
+            Command::new("mount").args(["-o", &format!("remount,{opts}")]).arg(self.path()).status().unwrap();
+        assert!(st.success(), "remount {opts}");
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
+    }
+}
+
+fn record(i: usize) -> Vec<u8> {
+    format!("{{\"i\":{i},\"pad\":\"{}\"}}\n", "p".repeat(200)).into_bytes()
+}
+
+#[test]
+fn enospc_stops_the_log_and_loses_no_acknowledged_record() {
+    let fs_ = Tmpfs::new("256k");
+    let p = fs_.path().join("events.jsonl");
+    // Ballast to delete later, so there is room to recover.
+    fs::write(fs_.path().join("ballast"), vec![0u8; 64 << 10]).unwrap();
+    let (log, _) = AppendLog::open(&p, Options::default()).unwrap();
+    let mut acked = 0;
+    let err = loop {
+        match log.append(&record(acked)) {
+            Ok(_) => acked += 1,
+            Err(e) => break e,
+        }
+        assert!(acked < 10_000, "a 256 KiB filesystem never filled up");
+    };
+    let msg = err.to_string();
+    assert!(msg.contains("No space left on device"), "{msg}");
+    // Stopped: no later append is acknowledged, even a tiny one.
+    assert!(matches!(log.append(b"{}\n"), Err(ringfs::Error::Stopped { .. })));
+    drop(log);
+    // Reopening while the disk is still full fails clearly and changes nothing.
+    let before = fs::read(&p).unwrap();
+    match AppendLog::open(&p, Options::default()) {
+        Ok(_) => {}
+        Err(e) => {
+            assert!(e.to_string().contains("No space left on device"), "{e}");
+            assert_eq!(fs::read(&p).unwrap(), before);
+        }
+    }
+    // Make room, reopen: every acknowledged record is there, nothing torn is visible.
+    fs::remove_file(fs_.path().join("ballast")).unwrap();
+    let (log, _) = AppendLog::open(&p, Options::default()).unwrap();
+    let text = fs::read_to_string(&p).unwrap();
+    assert!(text.ends_with('\n'));
+    assert!(text.lines().count() >= acked, "{} lines, {acked} acknowledged", text.lines().count());
+    for (i, l) in text.lines().enumerate().take(acked) {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        assert_eq!(v["i"], i);
+    }
+    drop(log);
+}
+
+fn ctx(args: &[&str]) -> std::process::Output {
+    Command::new(tests::bin("ctx")).args(args).output().unwrap()
+}
+
+fn hello_package(dir: &Path, size: usize) -> PathBuf {
+    fs::create_dir_all(dir).unwrap();
+    let mut exe = b"#!/bin/sh\necho hi\n#".to_vec();
+    exe.resize(size, b'#');
+    exe.push(b'\n');
+    fs::write(dir.join("hello"), &exe).unwrap();
+    fs::set_permissions(dir.join("hello"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let sum = Command::new("sha256sum").arg(dir.join("hello")).output().unwrap();
+    let sum = String::from_utf8(sum.stdout).unwrap().split_whitespace().next().unwrap().to_owned();
+    let m = format!(
+        r#"{{"schema":"cortexfs.object/v2","version":"1.0.0","compatibility":{{"cortexfs":"*"}},"class":"tool","name":"hello","executable":{{"path":"hello","sha256":"{sum}"}},"controls":{{}}}}"#
+    );
+    fs::write(dir.join("m.json"), m).unwrap();
+    dir.join("m.json")
+}
+
+#[test]
+fn enospc_during_install_leaves_no_object() {
+    let fs_ = Tmpfs::new("512k");
+    let pkg = tempfile::tempdir().unwrap();
+    let m = hello_package(pkg.path(), 2 << 20);
+    let storage = fs_.path().join("storage");
+    let out = ctx(&["object", "install", "--source", storage.to_str().unwrap(), m.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("ctx: ") && err.contains("No space left on device"), "{err}");
+    assert!(!storage.join("tool/hello").exists() && !storage.join("tool/hello.d").exists());
+    let left: Vec<_> = fs::read_dir(storage.join("tool")).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "staging cleaned up: {left:?}");
+}
+
+#[test]
+fn erofs_is_a_clear_error() {
+    let fs_ = Tmpfs::new("1m");
+    let p = fs_.path().join("messages.jsonl");
+    let (log, _) = AppendLog::open(&p, Options::default()).unwrap();
+    log.append(b"{\"a\":1}\n").unwrap();
+    log.close().unwrap();
+    Queue::open(fs_.path().join("queue"), DEFAULT_LEASE).unwrap();
+    fs_.remount("ro");
+    let err = AppendLog::open(&p, Options::default()).unwrap_err().to_string();
+    assert!(err.contains("Read-only file system"), "{err}");
+    let q = Queue::open(fs_.path().join("queue"), DEFAULT_LEASE).unwrap();
+    let err = q.publish("a.req.json", b"{}").unwrap_err().to_string();
+    assert!(err.contains("Read-only file system"), "{err}");
+    let pkg = tempfile::tempdir().unwrap();
+    let m = hello_package(pkg.path(), 100);
+    let out =
+        ctx(&["object", "install", "--source", fs_.path().join("s").to_str().unwrap(), m.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Read-only file system"));
+    fs_.remount("rw");
+    assert_eq!(fs::read(&p).unwrap(), b"{\"a\":1}\n", "nothing lost");
+}
+
+#[test]
+fn eacces_is_exit_13_for_a_user_without_permission() {
+    let storage = tempfile::tempdir().unwrap();
+    fs::set_permissions(storage.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let pkg = tempfile::tempdir().unwrap();
+    fs::set_permissions(pkg.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let m = hello_package(&pkg.path().join("p"), 100);
+    // The test binary's directory must be reachable by nobody.
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(tests::bin("ctx"))
+        .args(["object", "install", "--source", storage.path().to_str().unwrap(), m.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(13), "{err}");
+    assert!(err.contains("Permission denied"), "{err}");
+    assert!(!storage.path().join("tool").exists());
+}
