@@ -1,5 +1,14 @@
-//! Helpers for the black-box integration tests in `tests/tests/`: locating the built binaries
-//! and running them. The tests treat CortexFS as users do, through its commands and files.
+//! Helpers for the black-box integration tests in `tests/tests/`. The tests treat CortexFS as
+//! users do, through its commands and files.
+//!
+//! - this module: locating the built binaries and running them;
+//! - [`appender`]: driving the `log-appender` helper and checking the log it leaves;
+//! - [`powerloss`]: mounting the `powerloss-fs` helper and simulating power loss.
+//!
+//! Only the test targets of this crate depend on it.
+
+pub mod appender;
+pub mod powerloss;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

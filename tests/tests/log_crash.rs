@@ -10,62 +10,25 @@
 
 use std::collections::HashSet;
 use std::fs;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use ringfs::log::evidence::{Evidence, Mark, XATTR};
 use ringfs::log::{AppendLog, Options, torn_path};
-
-fn parse_all(bytes: &[u8]) -> Vec<(u64, u64, u64)> {
-    let text = std::str::from_utf8(bytes).expect("utf-8");
-    assert!(text.is_empty() || text.ends_with('\n'), "torn line visible");
-    text.lines()
-        .map(|l| {
-            let v: serde_json::Value =
-                serde_json::from_str(l).unwrap_or_else(|e| panic!("bad line {l:?}: {e}"));
-            (v["r"].as_u64().unwrap(), v["t"].as_u64().unwrap(), v["i"].as_u64().unwrap())
-        })
-        .collect()
-}
+use tests::appender::{Appender, Record, check_records};
 
 fn kill_rounds(engine: &str, rounds: u64) {
     let d = tempfile::tempdir_in("/var/tmp").unwrap();
     let path = d.path().join("messages.jsonl");
-    let mut acked: HashSet<(u64, u64, u64)> = HashSet::new();
+    let mut acked: HashSet<Record> = HashSet::new();
     let mut rng = StdRng::seed_from_u64(0xC0FFEE);
     let mut cut_rounds = 0;
     for round in 0..rounds {
-        let mut child = Command::new(tests::bin("log-appender"))
-            .args([path.to_str().unwrap(), &round.to_string(), "16", engine])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let out = child.stdout.take().unwrap();
-        let reader = std::thread::spawn(move || {
-            let mut got = Vec::new();
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                let f: Vec<&str> = line.split(' ').collect();
-                if let ["ack", r, t, i] = f[..] {
-                    got.push((r.parse().unwrap(), t.parse().unwrap(), i.parse().unwrap()));
-                }
-            }
-            got
-        });
+        let appender = Appender::spawn(&path, round, 16, engine);
         std::thread::sleep(Duration::from_millis(rng.random_range(2..40)));
-        rustix::process::kill_process(
-            rustix::process::Pid::from_raw(child.id() as i32).unwrap(),
-            rustix::process::Signal::KILL,
-        )
-        .unwrap();
-        let status = child.wait().unwrap();
-        assert!(status.code().is_none(), "appender exited by itself: {status}");
-        acked.extend(reader.join().unwrap());
+        acked.extend(appender.kill().unwrap());
 
         let before = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         let (log, rec) = AppendLog::open(&path, Options::default()).unwrap();
@@ -74,11 +37,9 @@ fn kill_rounds(engine: &str, rounds: u64) {
         }
         assert!(rec.mark.end <= before);
         drop(log);
-        let records = parse_all(&fs::read(&path).unwrap());
-        let set: HashSet<_> = records.iter().copied().collect();
-        assert_eq!(set.len(), records.len(), "round {round}: a record appears twice");
-        let missing: Vec<_> = acked.difference(&set).take(5).collect();
-        assert!(missing.is_empty(), "round {round}: acknowledged records lost: {missing:?}");
+        if let Err(e) = check_records(&fs::read(&path).unwrap(), &acked) {
+            panic!("round {round}: {e}");
+        }
     }
     assert!(acked.len() > rounds as usize, "the appender acknowledged too little to test anything");
     eprintln!("{engine}: {rounds} rounds, {} acknowledged records, {cut_rounds} torn tails cut", acked.len());
