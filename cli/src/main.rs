@@ -19,6 +19,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Serve /ctx from a storage directory, in the foreground, until SIGINT or SIGTERM.
+    Mount(cmd::mount::Args),
     /// Check and test policy v0 files.
     #[command(subcommand)]
     Policy(cmd::policy::Cmd),
@@ -46,7 +48,15 @@ fn main() -> ExitCode {
         std::process::exit(i32::from(exit::INTERNAL));
     }));
     let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let result = match cli.command {
+        Command::Mount(a) => cmd::mount::run(a),
         Command::Policy(c) => cmd::policy::run(c),
         Command::Object(c) => cmd::object::run(c),
         Command::Queue(c) => cmd::queue::run(c),

@@ -1,8 +1,17 @@
 //! CortexFS layer 2: the `/ctx` projection.
 //!
-//! It will hold the fuse-backend-rs `FileSystem` that projects storage as `/ctx`, the per-agent
-//! views (identity bound to the connection), and the transports behind one seam: `/dev/fuse`,
-//! FUSE-over-io_uring and vhost-user virtio-fs.
+//! - [`fs`]: `CtxFs`, the fuse-backend-rs `FileSystem` that projects storage as `/ctx`.
+//! - [`area`]: what each storage path is in the ABI (objects, controls, session logs, data).
+//! - [`storage`]: the backing storage, reached only beneath its root and never through symlinks.
+//! - [`transport`]: the transports behind one seam; today `/dev/fuse` (`transport::fusedev`).
 //!
-//! Depends on `policy` and `ringfs`; never on launch, terminal or tool execution (it declares
-//! traits for what it needs from above). Only the `ctx` binary depends on it.
+//! Depends on `policy` and `ringfs`; never on launch, terminal or tool execution. Only the `ctx`
+//! binary depends on it. Still to come: per-agent views, the control socket, FUSE-over-io_uring
+//! and vhost-user virtio-fs transports.
+
+pub mod area;
+pub mod fs;
+pub mod storage;
+pub mod transport;
+
+pub use fs::{Config, CtxFs};

@@ -1,5 +1,6 @@
 //! One module per `ctx` command group.
 
+pub mod mount;
 pub mod name;
 pub mod object;
 pub mod policy;

@@ -1,0 +1,98 @@
+//! `ctx mount`: serve `/ctx` in the foreground.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+use crate::cmd::object::DEFAULT_STORAGE;
+use crate::exit::{self, Exit};
+
+/// Arguments of `ctx mount`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The storage directory (created with the empty root layout when missing).
+    #[arg(long, default_value = DEFAULT_STORAGE)]
+    source: PathBuf,
+    /// Where to mount.
+    #[arg(default_value = "/ctx")]
+    mountpoint: PathBuf,
+    /// Mount even when the mount point is not empty.
+    #[arg(long)]
+    nonempty: bool,
+    /// Threads serving requests (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+/// True when `path` is the mount point of a mount whose server is gone. (`statfs` always
+/// reaches the server; a `stat` of the root may be answered from the kernel's cache.)
+fn dead_mount(path: &Path) -> bool {
+    matches!(rustix::fs::statfs(path), Err(rustix::io::Errno::NOTCONN))
+}
+
+fn is_mount_point(path: &Path) -> bool {
+    let Ok(canon) = path.canonicalize() else { return false };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
+    info.lines().any(|l| l.split(' ').nth(4).is_some_and(|m| Path::new(m) == canon))
+}
+
+/// `bin/` entries: this `ctx`, and `tsh` and `ctxterm` when installed beside it.
+fn bins() -> Vec<(String, PathBuf)> {
+    let mut out = Vec::new();
+    if let Ok(me) = std::env::current_exe() {
+        for name in ["tsh", "ctxterm"] {
+            let p = me.with_file_name(name);
+            if p.is_file() {
+                out.push((name.to_owned(), p));
+            }
+        }
+        out.insert(0, ("ctx".to_owned(), me));
+    }
+    out
+}
+
+/// Runs the command: mounts, serves until SIGINT or SIGTERM, unmounts.
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let mp = &a.mountpoint;
+    if dead_mount(mp) {
+        tracing::warn!(mountpoint = %mp.display(), "recovering a dead mount left by a crashed server");
+        rustix::mount::unmount(mp, rustix::mount::UnmountFlags::DETACH).map_err(|e| {
+            Exit::new(exit::FAILURE, format!("cannot detach the dead mount at {}: {e}", mp.display()))
+        })?;
+    }
+    if !mp.exists() {
+        std::fs::create_dir_all(mp).map_err(|e| Exit::io(format!("cannot create {}", mp.display()), &e))?;
+    }
+    if is_mount_point(mp) {
+        return Err(Exit::new(exit::FAILURE, format!("{} is already a mount point", mp.display())).into());
+    }
+    let nonempty = std::fs::read_dir(mp)
+        .map_err(|e| Exit::io(format!("cannot read {}", mp.display()), &e))?
+        .next()
+        .is_some();
+    if nonempty && !a.nonempty {
+        return Err(Exit::new(
+            exit::INVALID,
+            format!(
+                "{} is not empty: refusing to hide its contents (use --nonempty to mount anyway)",
+                mp.display()
+            ),
+        )
+        .into());
+    }
+    let fs = server::CtxFs::new(server::Config { storage: a.source.clone(), bins: bins() })
+        .map_err(|e| Exit::io(format!("cannot open storage {}", a.source.display()), &e))?;
+    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let mut signals = Signals::new([SIGINT, SIGTERM])?;
+    let mount = server::transport::fusedev::Mount::new(Arc::new(fs), mp, threads)
+        .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("cannot mount {}: {e}", mp.display())))?;
+    tracing::info!(storage = %a.source.display(), mountpoint = %mp.display(), threads, "serving /ctx");
+    eprintln!("ctx: serving {} at {}", a.source.display(), mp.display());
+    if let Some(sig) = signals.forever().next() {
+        tracing::info!(signal = sig, "stopping");
+    }
+    mount.unmount().map_err(|e| Exit::new(exit::FAILURE, format!("unmounting {}: {e}", mp.display())))?;
+    Ok(())
+}

@@ -1,0 +1,120 @@
+//! What a storage path is in the `/ctx` ABI, decided from its components alone.
+
+use std::path::{Component, Path};
+
+use policy::controls::{self, ObjectClass, Owner};
+
+/// The role of a path under the storage root.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Area {
+    /// `tool/`, `agent/`, `model/`: objects are installed with `ctx object install`.
+    ClassDir,
+    /// An object's executable (`tool/<name>`, `agent/<name>`, anything under `model/`).
+    Object,
+    /// An object's socket (`<name>.sock`).
+    Socket,
+    /// An object's control directory or a directory inside it (`<name>.d/`, `hooks/...`).
+    ControlDir,
+    /// A control file, with who may write it.
+    Control(Owner),
+    /// `home/` or `shared/` themselves.
+    DataRoot,
+    /// Ordinary data under `home/<uid>/` or `shared/<name>/`.
+    Data,
+    /// A session's `messages.jsonl` or `events.jsonl`: append-only, group-committed.
+    SessionLog,
+}
+
+fn names(rel: &Path) -> Vec<&str> {
+    rel.components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => n.to_str(),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Classifies a storage-relative path. `None` for paths the projection never shows.
+pub fn classify(rel: &Path) -> Option<Area> {
+    let n = names(rel);
+    match n.as_slice() {
+        [] => None,
+        ["tool" | "agent" | "model"] => Some(Area::ClassDir),
+        ["home" | "shared"] => Some(Area::DataRoot),
+        ["home" | "shared", rest @ ..] => Some(data(rest)),
+        [class @ ("tool" | "agent"), name, rest @ ..] => object(ObjectClass::parse(class)?, name, rest),
+        ["model", rest @ ..] => {
+            // Models nest as model/<provider>/<model>: directories and objects, all projected.
+            let last = rest.last()?;
+            if last.starts_with('.') {
+                None
+            } else if let Some(i) = rest.iter().position(|c| c.ends_with(".d")) {
+                Some(if i + 1 == rest.len() { Area::ControlDir } else { Area::Control(Owner::Host) })
+            } else if last.ends_with(".sock") {
+                Some(Area::Socket)
+            } else {
+                Some(Area::Object)
+            }
+        }
+        _ => None,
+    }
+}
+
+fn object(class: ObjectClass, name: &str, rest: &[&str]) -> Option<Area> {
+    if rest.is_empty() {
+        if let Some(obj) = name.strip_suffix(".d") {
+            return policy::name::validate(obj).ok().map(|()| Area::ControlDir);
+        }
+        if let Some(obj) = name.strip_suffix(".sock") {
+            return policy::name::validate(obj).ok().map(|()| Area::Socket);
+        }
+        return policy::name::validate(name).ok().map(|()| Area::Object);
+    }
+    name.strip_suffix(".d").and_then(|obj| policy::name::validate(obj).ok())?;
+    let control = rest.join("/");
+    match rest {
+        ["hooks"] | ["hooks", "pre.d" | "post.d"] => Some(Area::ControlDir),
+        _ => controls::classify(class, &control).map(Area::Control),
+    }
+}
+
+fn data(rest: &[&str]) -> Area {
+    // home/<uid>/agent/<agent>/session/<s>/{messages,events}.jsonl
+    // shared/<name>/agent/<agent>/session/<s>/{messages,events}.jsonl
+    match rest {
+        [_, "agent", _, "session", _, "messages.jsonl" | "events.jsonl"] => Area::SessionLog,
+        _ => Area::Data,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(p: &str) -> Option<Area> {
+        classify(Path::new(p))
+    }
+
+    #[test]
+    fn areas() {
+        assert_eq!(c("tool"), Some(Area::ClassDir));
+        assert_eq!(c("tool/fs.read"), Some(Area::Object));
+        assert_eq!(c("tool/fs.read.d"), Some(Area::ControlDir));
+        assert_eq!(c("tool/fs.read.d/policy"), Some(Area::Control(Owner::Host)));
+        assert_eq!(c("tool/fs.read.d/status"), Some(Area::Control(Owner::Runtime)));
+        assert_eq!(c("tool/fs.read.d/hooks/pre.d"), Some(Area::ControlDir));
+        assert_eq!(c("tool/fs.read.d/hooks/pre.d/10-x"), Some(Area::Control(Owner::Host)));
+        assert_eq!(c("tool/fs.read.d/bogus"), None);
+        assert_eq!(c("tool/.cortexfs-stage.x.1.2"), None);
+        assert_eq!(c("agent/coder.d/system.md"), Some(Area::Control(Owner::SelfUpdatable)));
+        assert_eq!(c("agent/coder.sock"), Some(Area::Socket));
+        assert_eq!(c("home"), Some(Area::DataRoot));
+        assert_eq!(c("home/1000/notes.txt"), Some(Area::Data));
+        assert_eq!(c("home/1000/agent/coder/session/default/messages.jsonl"), Some(Area::SessionLog));
+        assert_eq!(c("shared/p/agent/coder/session/s/events.jsonl"), Some(Area::SessionLog));
+        assert_eq!(c("shared/p/agent/coder/session/s/latest.md"), Some(Area::Data));
+        assert_eq!(c("model/openai/gpt-5"), Some(Area::Object));
+        assert_eq!(c("model/main.d/driver"), Some(Area::Control(Owner::Host)));
+        assert_eq!(c("status"), None);
+    }
+}

@@ -1,0 +1,1187 @@
+//! `CtxFs`: the `/ctx` projection as a fuse-backend-rs `FileSystem`.
+//!
+//! The root is exactly `status bin model agent tool home shared`. `status` and `bin/` are
+//! synthesized; the rest is storage, shown through the ABI rules of [`crate::area`]:
+//! objects are read-only executables, controls are replaced whole and atomically on close
+//! (policies are parsed first), runtime controls are read-only, session logs take whole JSON
+//! lines at their end through the ringfs group commit, and `home/`/`shared/` data behaves as
+//! POSIX files owned by the caller. Mode bits are checked by the kernel (`default_permissions`).
+
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use fuse_backend_rs::abi::fuse_abi::{Attr, CreateIn, stat64};
+use fuse_backend_rs::api::filesystem::{
+    Context, DirEntry, Entry, FileSystem, FsOptions, GetxattrReply, ListxattrReply, OpenOptions,
+    SetattrValid, ZeroCopyReader, ZeroCopyWriter,
+};
+use policy::controls::{self, ObjectClass, Owner};
+use ringfs::log::AppendLog;
+use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, Timespec, Timestamps};
+
+use crate::area::{Area, classify};
+use crate::storage::{LAYOUT, Storage, component};
+
+const ROOT: u64 = 1;
+const STATUS: u64 = 2;
+const BIN: u64 = 3;
+/// `bin/` entries are `BIN_FIRST + i`.
+const BIN_FIRST: u64 = 4;
+/// The layout directories are `LAYOUT_FIRST + i`.
+const LAYOUT_FIRST: u64 = 10;
+/// Storage inodes are numbered from here.
+const DYNAMIC_FIRST: u64 = 100;
+
+/// Immutable entries (root, bin) are cached for a long time.
+const LONG: Duration = Duration::from_secs(3600);
+/// Storage entries may change behind the server's back (installs, other mounts).
+const SHORT: Duration = Duration::from_secs(1);
+
+/// The root entries, in listing order.
+pub const ROOT_NAMES: [&str; 7] = ["status", "bin", "model", "agent", "tool", "home", "shared"];
+
+const KIND_XATTR: &[u8] = b"user.cortexfs.kind";
+
+fn err(code: i32) -> io::Error {
+    io::Error::from_raw_os_error(code)
+}
+
+/// Server configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The storage directory.
+    pub storage: PathBuf,
+    /// `bin/` entries: name and host path.
+    pub bins: Vec<(String, PathBuf)>,
+}
+
+#[derive(Debug)]
+struct Inodes {
+    paths: HashMap<u64, (PathBuf, u64)>,
+    by_path: HashMap<PathBuf, u64>,
+    next: u64,
+}
+
+impl Inodes {
+    fn get(&self, ino: u64) -> io::Result<PathBuf> {
+        self.paths.get(&ino).map(|(p, _)| p.clone()).ok_or_else(|| err(libc::ESTALE))
+    }
+
+    /// The inode of `rel`, counting one more kernel lookup.
+    fn remember(&mut self, rel: &Path) -> u64 {
+        if let Some(&ino) = self.by_path.get(rel) {
+            if let Some(e) = self.paths.get_mut(&ino) {
+                e.1 += 1;
+            }
+            return ino;
+        }
+        let ino = self.next;
+        self.next += 1;
+        self.paths.insert(ino, (rel.to_path_buf(), 1));
+        self.by_path.insert(rel.to_path_buf(), ino);
+        ino
+    }
+
+    fn forget(&mut self, ino: u64, n: u64) {
+        if ino < DYNAMIC_FIRST {
+            return;
+        }
+        if let Some(e) = self.paths.get_mut(&ino) {
+            e.1 = e.1.saturating_sub(n);
+            if e.1 == 0 {
+                let (p, _) = self.paths.remove(&ino).expect("present");
+                self.by_path.remove(&p);
+            }
+        }
+    }
+
+    /// After a rename, `from` and everything below it live at `to`.
+    fn moved(&mut self, from: &Path, to: &Path) {
+        let affected: Vec<(PathBuf, u64)> =
+            self.by_path.iter().filter(|(p, _)| p.starts_with(from)).map(|(p, &i)| (p.clone(), i)).collect();
+        // An entry replaced at the destination is gone.
+        if let Some(old) = self.by_path.remove(to) {
+            self.paths.remove(&old);
+        }
+        for (p, ino) in affected {
+            let rest = p.strip_prefix(from).expect("filtered by prefix");
+            // `join("")` would add a trailing slash.
+            let new = if rest.as_os_str().is_empty() { to.to_path_buf() } else { to.join(rest) };
+            self.by_path.remove(&p);
+            self.by_path.insert(new.clone(), ino);
+            if let Some(e) = self.paths.get_mut(&ino) {
+                e.0 = new;
+            }
+        }
+    }
+}
+
+/// An open file or directory.
+#[derive(Debug)]
+enum Handle {
+    /// A storage file.
+    File(File),
+    /// A control being rewritten: the new contents, published on flush.
+    Control { rel: PathBuf, buf: Vec<u8>, dirty: bool, file: Option<File> },
+    /// A session log.
+    Log(Arc<AppendLog>),
+    /// A snapshot (status).
+    Bytes(Vec<u8>),
+    /// A directory listing snapshot: name, inode hint, type.
+    Dir(Vec<(Vec<u8>, u64, u32)>),
+}
+
+/// Request counters by operation.
+#[derive(Debug, Default)]
+struct Stats {
+    ops: [AtomicU64; OPS.len()],
+}
+
+const OPS: [&str; 16] = [
+    "lookup", "getattr", "setattr", "readdir", "open", "read", "write", "create", "mkdir", "unlink",
+    "rename", "flush", "release", "fsync", "xattr", "other",
+];
+
+impl Stats {
+    fn count(&self, op: &str) {
+        let i = OPS.iter().position(|o| *o == op).unwrap_or(OPS.len() - 1);
+        self.ops[i].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The `/ctx` filesystem.
+#[derive(Debug)]
+pub struct CtxFs {
+    storage: Storage,
+    bins: Vec<(String, PathBuf)>,
+    inodes: Mutex<Inodes>,
+    handles: Mutex<HashMap<u64, Arc<Mutex<Handle>>>>,
+    next_handle: AtomicU64,
+    logs: Mutex<HashMap<PathBuf, Arc<AppendLog>>>,
+    stats: Stats,
+    started: Instant,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn attr_of(st: &rustix::fs::Stat, ino: u64) -> stat64 {
+    Attr {
+        ino,
+        size: st.st_size as u64,
+        blocks: st.st_blocks as u64,
+        atime: st.st_atime as u64,
+        mtime: st.st_mtime as u64,
+        ctime: st.st_ctime as u64,
+        atimensec: st.st_atime_nsec as u32,
+        mtimensec: st.st_mtime_nsec as u32,
+        ctimensec: st.st_ctime_nsec as u32,
+        mode: st.st_mode,
+        nlink: st.st_nlink as u32,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        rdev: st.st_rdev as u32,
+        blksize: st.st_blksize as u32,
+        flags: 0,
+    }
+    .into()
+}
+
+fn synthetic(ino: u64, mode: u32, size: u64) -> stat64 {
+    let now = started_secs();
+    Attr {
+        ino,
+        size,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        blocks: size.div_ceil(512),
+        mode,
+        nlink: if mode & libc::S_IFDIR != 0 { 2 } else { 1 },
+        blksize: 4096,
+        ..Attr::default()
+    }
+    .into()
+}
+
+/// The server's start time, as the times of synthesized entries.
+fn started_secs() -> u64 {
+    static START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *START.get_or_init(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    })
+}
+
+fn ioerr(e: rustix::io::Errno) -> io::Error {
+    e.into()
+}
+
+/// Maps a ringfs error to the errno the client sees.
+fn ringfs_errno(e: &ringfs::Error) -> io::Error {
+    tracing::debug!(error = %e, "storage refused");
+    err(e.errno())
+}
+
+impl CtxFs {
+    /// Opens the storage (creating the root layout when missing).
+    pub fn new(config: Config) -> io::Result<CtxFs> {
+        let storage = Storage::open(&config.storage)?;
+        let mut inodes = Inodes { paths: HashMap::new(), by_path: HashMap::new(), next: DYNAMIC_FIRST };
+        for (i, d) in LAYOUT.iter().enumerate() {
+            inodes.paths.insert(LAYOUT_FIRST + i as u64, (PathBuf::from(d), 1));
+            inodes.by_path.insert(PathBuf::from(d), LAYOUT_FIRST + i as u64);
+        }
+        Ok(CtxFs {
+            storage,
+            bins: config.bins,
+            inodes: Mutex::new(inodes),
+            handles: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+            logs: Mutex::new(HashMap::new()),
+            stats: Stats::default(),
+            started: Instant::now(),
+        })
+    }
+
+    /// The `status` file's contents, computed now.
+    pub fn status(&self) -> Vec<u8> {
+        let mut s = String::new();
+        let total: u64 = self.stats.ops.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+        s.push_str(&format!("version {}\n", env!("CARGO_PKG_VERSION")));
+        s.push_str(&format!("uptime_s {}\n", self.started.elapsed().as_secs()));
+        s.push_str(&format!("storage {}\n", self.storage.path().display()));
+        s.push_str("views 1\n");
+        s.push_str(&format!("requests {total}\n"));
+        for (op, c) in OPS.iter().zip(&self.stats.ops) {
+            s.push_str(&format!("op.{op} {}\n", c.load(Ordering::Relaxed)));
+        }
+        s.into_bytes()
+    }
+
+    fn rel(&self, ino: u64) -> io::Result<PathBuf> {
+        lock(&self.inodes).get(ino)
+    }
+
+    fn new_handle(&self, h: Handle) -> u64 {
+        let id = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        lock(&self.handles).insert(id, Arc::new(Mutex::new(h)));
+        id
+    }
+
+    fn handle(&self, id: u64) -> io::Result<Arc<Mutex<Handle>>> {
+        lock(&self.handles).get(&id).cloned().ok_or_else(|| err(libc::EBADF))
+    }
+
+    /// The open log of a session file, opening (and recovering) it on first use.
+    fn log(&self, rel: &Path) -> io::Result<Arc<AppendLog>> {
+        let mut logs = lock(&self.logs);
+        if let Some(l) = logs.get(rel) {
+            return Ok(Arc::clone(l));
+        }
+        let path = self.storage.path().join(rel);
+        let (log, rec) =
+            AppendLog::open(&path, ringfs::log::Options::default()).map_err(|e| ringfs_errno(&e))?;
+        if let Some((at, len)) = rec.torn {
+            tracing::warn!(log = %rel.display(), at, len, "cut a torn tail");
+        }
+        let log = Arc::new(log);
+        logs.insert(rel.to_path_buf(), Arc::clone(&log));
+        Ok(log)
+    }
+
+    /// Attributes of a storage path as the projection shows them.
+    fn backed_attr(&self, rel: &Path, ino: u64) -> io::Result<(stat64, Area)> {
+        let area = classify(rel).ok_or_else(|| err(libc::ENOENT))?;
+        let st = self.storage.stat(rel)?;
+        let mut attr = attr_of(&st, ino);
+        match area {
+            Area::Object | Area::Control(Owner::Runtime) => attr.st_mode &= !0o222,
+            Area::SessionLog if st.st_mode & libc::S_IFMT == libc::S_IFREG => {
+                attr.st_size = self.log(rel)?.len() as i64;
+            }
+            _ => {}
+        }
+        Ok((attr, area))
+    }
+
+    /// Whether `name` in storage directory `dir` (area `dir_area`) is shown at all.
+    fn visible(&self, dir: &Path, name: &[u8]) -> bool {
+        if name.first() == Some(&b'.') {
+            return false;
+        }
+        let child = dir.join(std::ffi::OsStr::from_bytes(name));
+        if classify(&child).is_none() {
+            return false;
+        }
+        // Controls without their executable are residue of an interrupted install.
+        if matches!(classify(dir), Some(Area::ClassDir))
+            && let Some(obj) = name.strip_suffix(b".d")
+        {
+            return self.storage.stat(&dir.join(std::ffi::OsStr::from_bytes(obj))).is_ok();
+        }
+        true
+    }
+
+    fn entry(&self, ino: u64, attr: stat64, timeout: Duration) -> Entry {
+        Entry {
+            inode: ino,
+            generation: 0,
+            attr,
+            attr_flags: 0,
+            attr_timeout: timeout,
+            entry_timeout: timeout,
+        }
+    }
+
+    fn lookup_backed(&self, rel: PathBuf) -> io::Result<Entry> {
+        let (parent, name) = crate::storage::split(&rel).ok_or_else(|| err(libc::ENOENT))?;
+        if !self.visible(parent, name.as_os_str().as_bytes()) {
+            return Err(err(libc::ENOENT));
+        }
+        // Stat before remembering, so a missing file leaves no inode behind.
+        let (mut attr, area) = self.backed_attr(&rel, 0)?;
+        let ino = lock(&self.inodes).remember(&rel);
+        attr.st_ino = ino;
+        let timeout = if area == Area::SessionLog { Duration::ZERO } else { SHORT };
+        Ok(self.entry(ino, attr, timeout))
+    }
+
+    fn is_write(flags: u32) -> bool {
+        let acc = flags as i32 & libc::O_ACCMODE;
+        acc == libc::O_WRONLY || acc == libc::O_RDWR || flags as i32 & libc::O_TRUNC != 0
+    }
+
+    /// The class and object name of a control path (`tool/<n>.d/...`).
+    fn control_owner(rel: &Path) -> Option<(ObjectClass, String, String)> {
+        let mut it = rel.iter();
+        let class = ObjectClass::parse(it.next()?.to_str()?)?;
+        let obj = it.next()?.to_str()?.strip_suffix(".d")?.to_owned();
+        let control: Vec<&str> = it.filter_map(|c| c.to_str()).collect();
+        Some((class, obj, control.join("/")))
+    }
+
+    /// Publishes a rewritten control: validated, then written to a temp file beside it, synced,
+    /// renamed over the old one, and the directory synced.
+    fn publish_control(&self, rel: &Path, bytes: &[u8]) -> io::Result<()> {
+        if let Some((class, obj, control)) = Self::control_owner(rel) {
+            controls::validate(class, &obj, &control, bytes).map_err(|why| {
+                tracing::info!(control = %rel.display(), %why, "control write refused");
+                err(libc::EINVAL)
+            })?;
+        } else if bytes.len() > controls::CONTROL_MAX {
+            return Err(err(libc::EFBIG));
+        }
+        let (dir, name) = self.storage.parent_of(rel)?;
+        let old = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW).ok();
+        let tmp = format!(".{}.{}.tmp", name.display(), std::process::id());
+        let fd = rustix::fs::openat(
+            &dir,
+            tmp.as_str(),
+            OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(old.as_ref().map_or(0o644, |s| s.st_mode & 0o7777)),
+        )
+        .map_err(ioerr)?;
+        let mut f = File::from(fd);
+        let written = (|| {
+            f.write_all(bytes)?;
+            if let Some(s) = &old {
+                rustix::fs::fchown(
+                    &f,
+                    Some(rustix::fs::Uid::from_raw(s.st_uid)),
+                    Some(rustix::fs::Gid::from_raw(s.st_gid)),
+                )?;
+                rustix::fs::fchmod(&f, Mode::from_raw_mode(s.st_mode & 0o7777))?;
+            }
+            f.sync_all()?;
+            rustix::fs::renameat(&dir, tmp.as_str(), &dir, name)?;
+            rustix::fs::fsync(&dir)?;
+            Ok::<(), io::Error>(())
+        })();
+        if written.is_err() {
+            let _ = rustix::fs::unlinkat(&dir, tmp.as_str(), AtFlags::empty());
+        }
+        written
+    }
+
+    fn open_backed(&self, rel: &Path, flags: u32) -> io::Result<(Handle, OpenOptions)> {
+        let area = classify(rel).ok_or_else(|| err(libc::ENOENT))?;
+        let write = Self::is_write(flags);
+        let read_flags = OFlags::RDONLY;
+        match area {
+            Area::Object | Area::Socket if write => Err(err(libc::EPERM)),
+            Area::Control(Owner::Runtime) if write => Err(err(libc::EACCES)),
+            Area::Control(_) if write => {
+                let file = self.storage.open_rel(rel, read_flags, 0).ok().map(File::from);
+                Ok((
+                    Handle::Control { rel: rel.to_path_buf(), buf: Vec::new(), dirty: false, file },
+                    OpenOptions::DIRECT_IO,
+                ))
+            }
+            Area::SessionLog => {
+                if flags as i32 & libc::O_TRUNC != 0 {
+                    return Err(err(libc::EPERM));
+                }
+                Ok((Handle::Log(self.log(rel)?), OpenOptions::DIRECT_IO))
+            }
+            Area::ClassDir | Area::DataRoot | Area::ControlDir => Err(err(libc::EISDIR)),
+            Area::Object | Area::Socket | Area::Control(_) => {
+                let fd = self.storage.open_rel(rel, read_flags, 0)?;
+                Ok((Handle::File(File::from(fd)), OpenOptions::empty()))
+            }
+            Area::Data => {
+                let keep = OFlags::from_bits_retain(flags)
+                    & (OFlags::ACCMODE | OFlags::TRUNC | OFlags::APPEND | OFlags::SYNC | OFlags::DSYNC);
+                let fd = self.storage.open_rel(rel, keep, 0)?;
+                Ok((Handle::File(File::from(fd)), OpenOptions::empty()))
+            }
+        }
+    }
+
+    fn chown_to_caller(fd: &OwnedFd, ctx: &Context) -> io::Result<()> {
+        rustix::fs::fchown(
+            fd,
+            Some(rustix::fs::Uid::from_raw(ctx.uid)),
+            Some(rustix::fs::Gid::from_raw(ctx.gid)),
+        )
+        .map_err(ioerr)
+    }
+
+    /// The storage path of a new entry `name` in directory `parent`, with the area it would
+    /// have. Creating is refused at the root (EROFS) and among objects (EPERM).
+    fn new_child(&self, parent: u64, name: &CStr) -> io::Result<(PathBuf, Area)> {
+        if parent == ROOT || parent == BIN {
+            return Err(err(libc::EROFS));
+        }
+        let dir = self.rel(parent)?;
+        let name = component(name)?;
+        let rel = dir.join(name);
+        let area = classify(&rel).ok_or_else(|| err(libc::EPERM))?;
+        match (classify(&dir), area) {
+            (_, Area::Data | Area::SessionLog) => Ok((rel, area)),
+            (Some(Area::ControlDir), Area::Control(Owner::Host | Owner::SelfUpdatable)) => Ok((rel, area)),
+            (Some(Area::DataRoot), _) => Ok((rel, Area::Data)),
+            _ => Err(err(libc::EPERM)),
+        }
+    }
+
+    fn dir_listing(&self, ino: u64) -> io::Result<Vec<(Vec<u8>, u64, u32)>> {
+        let mut out =
+            vec![(b".".to_vec(), ino, libc::DT_DIR as u32), (b"..".to_vec(), ROOT, libc::DT_DIR as u32)];
+        match ino {
+            ROOT => {
+                for (i, n) in ROOT_NAMES.iter().enumerate() {
+                    let t = if i == 0 { libc::DT_REG } else { libc::DT_DIR };
+                    out.push((n.as_bytes().to_vec(), 0, t as u32));
+                }
+            }
+            BIN => {
+                for (n, _) in &self.bins {
+                    out.push((n.as_bytes().to_vec(), 0, libc::DT_REG as u32));
+                }
+            }
+            STATUS => return Err(err(libc::ENOTDIR)),
+            _ => {
+                let rel = self.rel(ino)?;
+                let fd = self.storage.dir(&rel)?;
+                let dir = rustix::fs::Dir::read_from(&fd).map_err(ioerr)?;
+                for e in dir {
+                    let e = e.map_err(ioerr)?;
+                    let name = e.file_name().to_bytes();
+                    if name == b"." || name == b".." || !self.visible(&rel, name) {
+                        continue;
+                    }
+                    let t = match e.file_type() {
+                        rustix::fs::FileType::Directory => libc::DT_DIR,
+                        rustix::fs::FileType::Symlink => libc::DT_LNK,
+                        rustix::fs::FileType::Socket => libc::DT_SOCK,
+                        _ => libc::DT_REG,
+                    };
+                    out.push((name.to_vec(), 0, t as u32));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl FileSystem for CtxFs {
+    type Inode = u64;
+    type Handle = u64;
+
+    fn init(&self, capable: FsOptions) -> io::Result<FsOptions> {
+        // ATOMIC_O_TRUNC: O_TRUNC arrives with open, so a control rewrite never truncates the
+        // live file first. No writeback cache: session appends must reach the log one by one.
+        let want = FsOptions::ASYNC_READ
+            | FsOptions::ATOMIC_O_TRUNC
+            | FsOptions::BIG_WRITES
+            | FsOptions::MAX_PAGES
+            | FsOptions::PARALLEL_DIROPS;
+        Ok(capable & want)
+    }
+
+    fn lookup(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
+        self.stats.count("lookup");
+        let n = name.to_bytes();
+        match parent {
+            ROOT => match n {
+                b"status" => Ok(self.entry(
+                    STATUS,
+                    synthetic(STATUS, libc::S_IFREG | 0o444, self.status().len() as u64),
+                    Duration::ZERO,
+                )),
+                b"bin" => Ok(self.entry(BIN, synthetic(BIN, libc::S_IFDIR | 0o555, 0), LONG)),
+                _ => {
+                    let i = LAYOUT.iter().position(|d| d.as_bytes() == n).ok_or_else(|| err(libc::ENOENT))?;
+                    let ino = LAYOUT_FIRST + i as u64;
+                    let (attr, _) = self.backed_attr(Path::new(LAYOUT[i]), ino)?;
+                    Ok(self.entry(ino, attr, LONG))
+                }
+            },
+            BIN => {
+                let i =
+                    self.bins.iter().position(|(b, _)| b.as_bytes() == n).ok_or_else(|| err(libc::ENOENT))?;
+                let ino = BIN_FIRST + i as u64;
+                let st = rustix::fs::stat(&self.bins[i].1).map_err(ioerr)?;
+                let mut attr = attr_of(&st, ino);
+                attr.st_mode = libc::S_IFREG | 0o555;
+                attr.st_uid = 0;
+                attr.st_gid = 0;
+                Ok(self.entry(ino, attr, LONG))
+            }
+            STATUS => Err(err(libc::ENOTDIR)),
+            _ => {
+                let rel = self.rel(parent)?.join(component(name)?);
+                self.lookup_backed(rel)
+            }
+        }
+    }
+
+    fn forget(&self, _ctx: &Context, inode: u64, count: u64) {
+        lock(&self.inodes).forget(inode, count);
+    }
+
+    fn batch_forget(&self, _ctx: &Context, requests: Vec<(u64, u64)>) {
+        let mut inodes = lock(&self.inodes);
+        for (i, n) in requests {
+            inodes.forget(i, n);
+        }
+    }
+
+    fn getattr(&self, _ctx: &Context, ino: u64, _h: Option<u64>) -> io::Result<(stat64, Duration)> {
+        self.stats.count("getattr");
+        match ino {
+            ROOT => Ok((synthetic(ROOT, libc::S_IFDIR | 0o755, 0), LONG)),
+            STATUS => {
+                Ok((synthetic(STATUS, libc::S_IFREG | 0o444, self.status().len() as u64), Duration::ZERO))
+            }
+            BIN => Ok((synthetic(BIN, libc::S_IFDIR | 0o555, 0), LONG)),
+            i if (BIN_FIRST..BIN_FIRST + self.bins.len() as u64).contains(&i) => {
+                let st = rustix::fs::stat(&self.bins[(i - BIN_FIRST) as usize].1).map_err(ioerr)?;
+                let mut attr = attr_of(&st, i);
+                attr.st_mode = libc::S_IFREG | 0o555;
+                attr.st_uid = 0;
+                attr.st_gid = 0;
+                Ok((attr, LONG))
+            }
+            _ => {
+                let rel = self.rel(ino)?;
+                let (attr, area) = self.backed_attr(&rel, ino)?;
+                Ok((attr, if area == Area::SessionLog { Duration::ZERO } else { SHORT }))
+            }
+        }
+    }
+
+    fn setattr(
+        &self,
+        _ctx: &Context,
+        ino: u64,
+        attr: stat64,
+        _h: Option<u64>,
+        valid: SetattrValid,
+    ) -> io::Result<(stat64, Duration)> {
+        self.stats.count("setattr");
+        if ino < DYNAMIC_FIRST && !(LAYOUT_FIRST..LAYOUT_FIRST + LAYOUT.len() as u64).contains(&ino) {
+            return Err(err(libc::EROFS));
+        }
+        let rel = self.rel(ino)?;
+        let area = classify(&rel).ok_or_else(|| err(libc::ENOENT))?;
+        match area {
+            Area::Data | Area::DataRoot => {}
+            Area::SessionLog if !valid.contains(SetattrValid::SIZE) => {}
+            _ if valid.intersects(SetattrValid::SIZE) => return Err(err(libc::EPERM)),
+            Area::ClassDir
+            | Area::Object
+            | Area::Socket
+            | Area::ControlDir
+            | Area::Control(_)
+            | Area::SessionLog => {
+                return Err(err(libc::EPERM));
+            }
+        }
+        let (dir, name) = self.storage.parent_of(&rel)?;
+        if valid.contains(SetattrValid::MODE) {
+            rustix::fs::chmodat(&dir, name, Mode::from_raw_mode(attr.st_mode & 0o7777), AtFlags::empty())
+                .map_err(ioerr)?;
+        }
+        if valid.intersects(SetattrValid::UID | SetattrValid::GID) {
+            let uid = valid.contains(SetattrValid::UID).then(|| rustix::fs::Uid::from_raw(attr.st_uid));
+            let gid = valid.contains(SetattrValid::GID).then(|| rustix::fs::Gid::from_raw(attr.st_gid));
+            rustix::fs::chownat(&dir, name, uid, gid, AtFlags::SYMLINK_NOFOLLOW).map_err(ioerr)?;
+        }
+        if valid.contains(SetattrValid::SIZE) {
+            let fd = self.storage.open_rel(&rel, OFlags::WRONLY, 0)?;
+            rustix::fs::ftruncate(&fd, attr.st_size as u64).map_err(ioerr)?;
+        }
+        if valid.intersects(SetattrValid::ATIME | SetattrValid::MTIME) {
+            let omit = Timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT };
+            let now = Timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW };
+            let pick = |set: bool, now_flag: bool, sec: i64, nsec: i64| {
+                if !set {
+                    omit
+                } else if now_flag {
+                    now
+                } else {
+                    Timespec { tv_sec: sec, tv_nsec: nsec }
+                }
+            };
+            let times = Timestamps {
+                last_access: pick(
+                    valid.contains(SetattrValid::ATIME),
+                    valid.contains(SetattrValid::ATIME_NOW),
+                    attr.st_atime,
+                    attr.st_atime_nsec,
+                ),
+                last_modification: pick(
+                    valid.contains(SetattrValid::MTIME),
+                    valid.contains(SetattrValid::MTIME_NOW),
+                    attr.st_mtime,
+                    attr.st_mtime_nsec,
+                ),
+            };
+            rustix::fs::utimensat(&dir, name, &times, AtFlags::SYMLINK_NOFOLLOW).map_err(ioerr)?;
+        }
+        let (attr, _) = self.backed_attr(&rel, ino)?;
+        Ok((attr, SHORT))
+    }
+
+    fn readlink(&self, _ctx: &Context, ino: u64) -> io::Result<Vec<u8>> {
+        let rel = self.rel(ino)?;
+        let (dir, name) = self.storage.parent_of(&rel)?;
+        let target = rustix::fs::readlinkat(&dir, name, Vec::new()).map_err(ioerr)?;
+        Ok(target.into_bytes())
+    }
+
+    fn symlink(&self, ctx: &Context, linkname: &CStr, parent: u64, name: &CStr) -> io::Result<Entry> {
+        let (rel, area) = self.new_child(parent, name)?;
+        if area != Area::Data {
+            return Err(err(libc::EPERM));
+        }
+        let (dir, leaf) = self.storage.parent_of(&rel)?;
+        rustix::fs::symlinkat(linkname, &dir, leaf).map_err(ioerr)?;
+        rustix::fs::chownat(
+            &dir,
+            leaf,
+            Some(rustix::fs::Uid::from_raw(ctx.uid)),
+            Some(rustix::fs::Gid::from_raw(ctx.gid)),
+            AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .map_err(ioerr)?;
+        self.lookup_backed(rel)
+    }
+
+    fn mknod(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &CStr,
+        mode: u32,
+        rdev: u32,
+        umask: u32,
+    ) -> io::Result<Entry> {
+        self.stats.count("create");
+        let (rel, area) = self.new_child(parent, name)?;
+        if area != Area::Data {
+            return Err(err(libc::EPERM));
+        }
+        let (dir, leaf) = self.storage.parent_of(&rel)?;
+        let kind = rustix::fs::FileType::from_raw_mode(mode);
+        rustix::fs::mknodat(&dir, leaf, kind, Mode::from_raw_mode(mode & !umask & 0o7777), u64::from(rdev))
+            .map_err(ioerr)?;
+        rustix::fs::chownat(
+            &dir,
+            leaf,
+            Some(rustix::fs::Uid::from_raw(ctx.uid)),
+            Some(rustix::fs::Gid::from_raw(ctx.gid)),
+            AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .map_err(ioerr)?;
+        self.lookup_backed(rel)
+    }
+
+    fn mkdir(&self, ctx: &Context, parent: u64, name: &CStr, mode: u32, umask: u32) -> io::Result<Entry> {
+        self.stats.count("mkdir");
+        let (rel, area) = self.new_child(parent, name)?;
+        if area != Area::Data {
+            return Err(err(libc::EPERM));
+        }
+        let (dir, leaf) = self.storage.parent_of(&rel)?;
+        rustix::fs::mkdirat(&dir, leaf, Mode::from_raw_mode(mode & !umask & 0o7777)).map_err(ioerr)?;
+        rustix::fs::chownat(
+            &dir,
+            leaf,
+            Some(rustix::fs::Uid::from_raw(ctx.uid)),
+            Some(rustix::fs::Gid::from_raw(ctx.gid)),
+            AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .map_err(ioerr)?;
+        self.lookup_backed(rel)
+    }
+
+    fn unlink(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
+        self.stats.count("unlink");
+        if parent == ROOT || parent == BIN {
+            return Err(err(libc::EROFS));
+        }
+        let rel = self.rel(parent)?.join(component(name)?);
+        match classify(&rel) {
+            Some(Area::Data) => {}
+            Some(_) => return Err(err(libc::EPERM)),
+            None => return Err(err(libc::ENOENT)),
+        }
+        let (dir, leaf) = self.storage.parent_of(&rel)?;
+        rustix::fs::unlinkat(&dir, leaf, AtFlags::empty()).map_err(ioerr)
+    }
+
+    fn rmdir(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
+        self.stats.count("unlink");
+        if parent == ROOT || parent == BIN {
+            return Err(err(libc::EROFS));
+        }
+        let rel = self.rel(parent)?.join(component(name)?);
+        match classify(&rel) {
+            Some(Area::Data) => {}
+            Some(_) => return Err(err(libc::EPERM)),
+            None => return Err(err(libc::ENOENT)),
+        }
+        let (dir, leaf) = self.storage.parent_of(&rel)?;
+        rustix::fs::unlinkat(&dir, leaf, AtFlags::REMOVEDIR).map_err(ioerr)
+    }
+
+    fn rename(
+        &self,
+        _ctx: &Context,
+        olddir: u64,
+        oldname: &CStr,
+        newdir: u64,
+        newname: &CStr,
+        flags: u32,
+    ) -> io::Result<()> {
+        self.stats.count("rename");
+        if [olddir, newdir].iter().any(|&d| d == ROOT || d == BIN) {
+            return Err(err(libc::EROFS));
+        }
+        let from = self.rel(olddir)?.join(component(oldname)?);
+        let to = self.rel(newdir)?.join(component(newname)?);
+        match (classify(&from), classify(&to)) {
+            (Some(Area::Data), Some(Area::Data)) => {}
+            (Some(Area::Control(_)), None) => return Err(err(libc::EPERM)), // unknown control name
+            (Some(_), Some(_)) | (Some(_), None) => return Err(err(libc::EPERM)),
+            (None, _) => return Err(err(libc::ENOENT)),
+        }
+        let (fdir, fleaf) = self.storage.parent_of(&from)?;
+        let (tdir, tleaf) = self.storage.parent_of(&to)?;
+        let rflags = RenameFlags::from_bits(flags).ok_or_else(|| err(libc::EINVAL))?;
+        rustix::fs::renameat_with(&fdir, fleaf, &tdir, tleaf, rflags).map_err(ioerr)?;
+        if rflags.contains(RenameFlags::EXCHANGE) {
+            let tmp = PathBuf::from("\0exchange");
+            let mut inodes = lock(&self.inodes);
+            inodes.moved(&from, &tmp);
+            inodes.moved(&to, &from);
+            inodes.moved(&tmp, &to);
+        } else {
+            lock(&self.inodes).moved(&from, &to);
+        }
+        Ok(())
+    }
+
+    fn link(&self, _ctx: &Context, ino: u64, newparent: u64, newname: &CStr) -> io::Result<Entry> {
+        let from = self.rel(ino)?;
+        let (to, area) = self.new_child(newparent, newname)?;
+        if classify(&from) != Some(Area::Data) || area != Area::Data {
+            return Err(err(libc::EPERM));
+        }
+        let (fdir, fleaf) = self.storage.parent_of(&from)?;
+        let (tdir, tleaf) = self.storage.parent_of(&to)?;
+        rustix::fs::linkat(&fdir, fleaf, &tdir, tleaf, AtFlags::empty()).map_err(ioerr)?;
+        self.lookup_backed(to)
+    }
+
+    fn open(
+        &self,
+        _ctx: &Context,
+        ino: u64,
+        flags: u32,
+        _fuse_flags: u32,
+    ) -> io::Result<(Option<u64>, OpenOptions, Option<u32>)> {
+        self.stats.count("open");
+        let write = Self::is_write(flags);
+        let (h, opts) = match ino {
+            STATUS if write => return Err(err(libc::EACCES)),
+            STATUS => (Handle::Bytes(self.status()), OpenOptions::DIRECT_IO),
+            ROOT | BIN => return Err(err(libc::EISDIR)),
+            i if (BIN_FIRST..BIN_FIRST + self.bins.len() as u64).contains(&i) => {
+                if write {
+                    return Err(err(libc::EACCES));
+                }
+                (Handle::File(File::open(&self.bins[(i - BIN_FIRST) as usize].1)?), OpenOptions::KEEP_CACHE)
+            }
+            _ => {
+                let rel = self.rel(ino)?;
+                self.open_backed(&rel, flags)?
+            }
+        };
+        Ok((Some(self.new_handle(h)), opts, None))
+    }
+
+    fn create(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &CStr,
+        args: CreateIn,
+    ) -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)> {
+        self.stats.count("create");
+        let (rel, area) = self.new_child(parent, name)?;
+        let (dir, leaf) = self.storage.parent_of(&rel)?;
+        let (h, opts) = match area {
+            Area::Data => {
+                let keep = OFlags::from_bits_retain(args.flags)
+                    & (OFlags::ACCMODE
+                        | OFlags::TRUNC
+                        | OFlags::APPEND
+                        | OFlags::EXCL
+                        | OFlags::SYNC
+                        | OFlags::DSYNC);
+                let fd = rustix::fs::openat(
+                    &dir,
+                    leaf,
+                    keep | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(args.mode & !args.umask & 0o7777),
+                )
+                .map_err(ioerr)?;
+                Self::chown_to_caller(&fd, ctx)?;
+                (Handle::File(File::from(fd)), OpenOptions::empty())
+            }
+            Area::SessionLog => {
+                let fd = rustix::fs::openat(
+                    &dir,
+                    leaf,
+                    OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(args.mode & !args.umask & 0o7777),
+                )
+                .map_err(ioerr)?;
+                Self::chown_to_caller(&fd, ctx)?;
+                drop(fd);
+                (Handle::Log(self.log(&rel)?), OpenOptions::DIRECT_IO)
+            }
+            Area::Control(_) => {
+                let fd = rustix::fs::openat(
+                    &dir,
+                    leaf,
+                    OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(if controls::is_hook(&rel.to_string_lossy()) {
+                        0o755
+                    } else {
+                        0o644
+                    }),
+                )
+                .map_err(ioerr)?;
+                Self::chown_to_caller(&fd, ctx)?;
+                (
+                    Handle::Control { rel: rel.clone(), buf: Vec::new(), dirty: true, file: None },
+                    OpenOptions::DIRECT_IO,
+                )
+            }
+            _ => return Err(err(libc::EPERM)),
+        };
+        let entry = self.lookup_backed(rel)?;
+        Ok((entry, Some(self.new_handle(h)), opts, None))
+    }
+
+    fn read(
+        &self,
+        _ctx: &Context,
+        _ino: u64,
+        handle: u64,
+        w: &mut dyn ZeroCopyWriter,
+        size: u32,
+        offset: u64,
+        _lock_owner: Option<u64>,
+        _flags: u32,
+    ) -> io::Result<usize> {
+        self.stats.count("read");
+        let h = self.handle(handle)?;
+        let mut buf = vec![0u8; size as usize];
+        let n = match &*lock(&h) {
+            Handle::File(f) => f.read_at(&mut buf, offset)?,
+            Handle::Control { file: Some(f), .. } => f.read_at(&mut buf, offset)?,
+            Handle::Control { file: None, .. } => 0,
+            Handle::Log(l) => l.read_at(&mut buf, offset).map_err(|e| ringfs_errno(&e))?,
+            Handle::Bytes(b) => {
+                let from = usize::try_from(offset).unwrap_or(usize::MAX).min(b.len());
+                let n = (b.len() - from).min(buf.len());
+                buf[..n].copy_from_slice(&b[from..from + n]);
+                n
+            }
+            Handle::Dir(_) => return Err(err(libc::EISDIR)),
+        };
+        w.write_all(&buf[..n])?;
+        Ok(n)
+    }
+
+    fn write(
+        &self,
+        _ctx: &Context,
+        _ino: u64,
+        handle: u64,
+        r: &mut dyn ZeroCopyReader,
+        size: u32,
+        offset: u64,
+        _lock_owner: Option<u64>,
+        _delayed_write: bool,
+        _flags: u32,
+        _fuse_flags: u32,
+    ) -> io::Result<usize> {
+        self.stats.count("write");
+        // Finish reading the request before anything else: reader and writer share a buffer.
+        let mut data = vec![0u8; size as usize];
+        r.read_exact(&mut data)?;
+        let h = self.handle(handle)?;
+        let mut h = lock(&h);
+        match &mut *h {
+            Handle::File(f) => f.write_at(&data, offset),
+            Handle::Control { rel, buf, dirty, .. } => {
+                // A control is replaced whole: writes start at 0 and follow each other.
+                if offset != buf.len() as u64 {
+                    return Err(err(libc::EINVAL));
+                }
+                if buf.len() + data.len() > controls::CONTROL_MAX {
+                    return Err(err(libc::EFBIG));
+                }
+                let checked = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+                buf.extend_from_slice(&data);
+                // Line-structured controls refuse a bad complete line at once, so that even a
+                // shell, which ignores errors from close, sees the write fail.
+                if let Err(why) = check_lines(rel, &buf[checked..]) {
+                    tracing::info!(control = %rel.display(), %why, "control write refused");
+                    *dirty = false;
+                    buf.clear();
+                    *h = Handle::Bytes(Vec::new());
+                    return Err(err(libc::EINVAL));
+                }
+                *dirty = true;
+                Ok(data.len())
+            }
+            Handle::Log(l) => {
+                let l = Arc::clone(l);
+                drop(h);
+                l.append_at(offset, &data).map_err(|e| ringfs_errno(&e))?;
+                Ok(data.len())
+            }
+            Handle::Bytes(_) => Err(err(libc::EACCES)),
+            Handle::Dir(_) => Err(err(libc::EISDIR)),
+        }
+    }
+
+    fn flush(&self, _ctx: &Context, _ino: u64, handle: u64, _lock_owner: u64) -> io::Result<()> {
+        self.stats.count("flush");
+        let h = self.handle(handle)?;
+        let mut h = lock(&h);
+        if let Handle::Control { rel, buf, dirty, .. } = &mut *h
+            && *dirty
+        {
+            let r = self.publish_control(rel, buf);
+            *dirty = false;
+            return r;
+        }
+        Ok(())
+    }
+
+    fn fsync(&self, _ctx: &Context, _ino: u64, datasync: bool, handle: u64) -> io::Result<()> {
+        self.stats.count("fsync");
+        let h = self.handle(handle)?;
+        let h = lock(&h);
+        match &*h {
+            Handle::File(f) if datasync => f.sync_data(),
+            Handle::File(f) => f.sync_all(),
+            // Session appends are durable when their write returns; controls when published.
+            _ => Ok(()),
+        }
+    }
+
+    fn release(
+        &self,
+        _ctx: &Context,
+        _ino: u64,
+        _flags: u32,
+        handle: u64,
+        _flush: bool,
+        _flock_release: bool,
+        _lock_owner: Option<u64>,
+    ) -> io::Result<()> {
+        self.stats.count("release");
+        if let Some(h) = lock(&self.handles).remove(&handle)
+            && let Handle::Control { rel, buf, dirty: true, .. } = &*lock(&h)
+        {
+            // Written but never flushed (no close reported it): publish now; errors have no one
+            // to go to, so they are logged.
+            if let Err(e) = self.publish_control(rel, buf) {
+                tracing::info!(control = %rel.display(), error = %e, "control not published");
+            }
+        }
+        Ok(())
+    }
+
+    fn getxattr(&self, _ctx: &Context, ino: u64, name: &CStr, size: u32) -> io::Result<GetxattrReply> {
+        self.stats.count("xattr");
+        if name.to_bytes() != KIND_XATTR {
+            return Err(err(libc::ENODATA));
+        }
+        let kind: &str = match ino {
+            ROOT => "root",
+            STATUS => "status",
+            BIN => "bin",
+            i if (BIN_FIRST..LAYOUT_FIRST).contains(&i) => "binary",
+            _ => match classify(&self.rel(ino)?) {
+                Some(Area::ClassDir) => "class",
+                Some(Area::Object) => "object",
+                Some(Area::Socket) => "socket",
+                Some(Area::ControlDir) => "controls",
+                Some(Area::Control(Owner::Runtime)) => "runtime-control",
+                Some(Area::Control(_)) => "control",
+                Some(Area::DataRoot) => "space",
+                Some(Area::Data) => "data",
+                Some(Area::SessionLog) => "session-log",
+                None => return Err(err(libc::ENOENT)),
+            },
+        };
+        let value = kind.as_bytes();
+        if size == 0 {
+            Ok(GetxattrReply::Count(value.len() as u32))
+        } else if (size as usize) < value.len() {
+            Err(err(libc::ERANGE))
+        } else {
+            Ok(GetxattrReply::Value(value.to_vec()))
+        }
+    }
+
+    fn listxattr(&self, _ctx: &Context, _ino: u64, size: u32) -> io::Result<ListxattrReply> {
+        self.stats.count("xattr");
+        let mut names = KIND_XATTR.to_vec();
+        names.push(0);
+        if size == 0 {
+            Ok(ListxattrReply::Count(names.len() as u32))
+        } else if (size as usize) < names.len() {
+            Err(err(libc::ERANGE))
+        } else {
+            Ok(ListxattrReply::Names(names))
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _ctx: &Context,
+        _ino: u64,
+        _name: &CStr,
+        _value: &[u8],
+        _flags: u32,
+    ) -> io::Result<()> {
+        self.stats.count("xattr");
+        Err(err(libc::EPERM))
+    }
+
+    fn removexattr(&self, _ctx: &Context, _ino: u64, _name: &CStr) -> io::Result<()> {
+        self.stats.count("xattr");
+        Err(err(libc::EPERM))
+    }
+
+    fn opendir(&self, _ctx: &Context, ino: u64, _flags: u32) -> io::Result<(Option<u64>, OpenOptions)> {
+        self.stats.count("readdir");
+        let listing = self.dir_listing(ino)?;
+        Ok((Some(self.new_handle(Handle::Dir(listing))), OpenOptions::empty()))
+    }
+
+    fn readdir(
+        &self,
+        _ctx: &Context,
+        _ino: u64,
+        handle: u64,
+        _size: u32,
+        offset: u64,
+        add_entry: &mut dyn FnMut(DirEntry) -> io::Result<usize>,
+    ) -> io::Result<()> {
+        self.stats.count("readdir");
+        let h = self.handle(handle)?;
+        let h = lock(&h);
+        let Handle::Dir(listing) = &*h else { return Err(err(libc::ENOTDIR)) };
+        let skip = usize::try_from(offset).unwrap_or(usize::MAX);
+        for (i, (name, ino, t)) in listing.iter().enumerate().skip(skip) {
+            let e = DirEntry {
+                ino: if *ino == 0 { u64::MAX } else { *ino },
+                offset: i as u64 + 1,
+                type_: *t,
+                name,
+            };
+            if add_entry(e)? == 0 {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn releasedir(&self, _ctx: &Context, _ino: u64, _flags: u32, handle: u64) -> io::Result<()> {
+        lock(&self.handles).remove(&handle);
+        Ok(())
+    }
+
+    fn fsyncdir(&self, _ctx: &Context, ino: u64, _datasync: bool, _handle: u64) -> io::Result<()> {
+        self.stats.count("fsync");
+        if ino < LAYOUT_FIRST {
+            return Ok(());
+        }
+        let fd = self.storage.dir(&self.rel(ino)?)?;
+        rustix::fs::fsync(&fd).map_err(ioerr)
+    }
+}
+
+/// Checks the complete lines of `new` (bytes appended to a control being rewritten) for the
+/// controls that are line-structured: `policy` and `mount`.
+fn check_lines(rel: &Path, new: &[u8]) -> Result<(), String> {
+    let control = rel.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let Some(end) = new.iter().rposition(|&b| b == b'\n') else { return Ok(()) };
+    for line in new[..end].split(|&b| b == b'\n') {
+        match control {
+            "policy" => {
+                policy::v0::parse_line(line, 0).map_err(|e| e.message)?;
+            }
+            "mount" => {
+                let text = std::str::from_utf8(line).map_err(|_| "line is not UTF-8".to_owned())?;
+                if !text.trim().is_empty() {
+                    policy::mount::parse_line(text)?;
+                }
+            }
+            _ => return Ok(()),
+        }
+    }
+    Ok(())
+}

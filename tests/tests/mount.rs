@@ -1,0 +1,269 @@
+//! `ctx mount` for real: the root ABI, status and bin, objects and controls, session logs through
+//! group commit, POSIX data in home/, extended attributes, refusals as root and as `nobody`,
+//! clean stop on SIGTERM and recovery of a dead mount.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, kill_process};
+
+/// A running `ctx mount` on temporary storage; stopped (and lazily unmounted) on drop.
+struct Served {
+    child: Option<Child>,
+    storage: PathBuf,
+    mnt: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Served {
+    fn start() -> Served {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let storage = dir.path().join("storage");
+        let mnt = dir.path().join("ctx");
+        fs::create_dir(&mnt).unwrap();
+        let mut s = Served { child: None, storage, mnt, _dir: dir };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is required for mount tests");
+        let child = Command::new(tests::bin("ctx"))
+            .args(["mount", "--source", self.storage.to_str().unwrap(), self.mnt.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let t = Instant::now();
+        while fs::read(self.mnt.join("status")).is_err() {
+            assert!(t.elapsed() < Duration::from_secs(10), "ctx mount did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn p(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    fn stop(&mut self) -> Option<i32> {
+        let mut c = self.child.take()?;
+        kill_process(Pid::from_raw(c.id() as i32).unwrap(), Signal::TERM).unwrap();
+        c.wait().unwrap().code()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).stderr(Stdio::null()).status();
+    }
+}
+
+fn errno(r: std::io::Result<impl Sized>) -> i32 {
+    r.err().and_then(|e| e.raw_os_error()).unwrap_or(0)
+}
+
+fn install_hello(s: &Served) {
+    let out = Command::new(tests::bin("ctx"))
+        .args(["object", "install", "--source", s.storage.to_str().unwrap()])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/objects/hello/hello.manifest.json"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn root_abi_status_and_bin() {
+    let mut s = Served::start();
+    let mut names: Vec<String> =
+        fs::read_dir(&s.mnt).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["agent", "bin", "home", "model", "shared", "status", "tool"]);
+    assert_eq!(errno(fs::create_dir(s.p("mcp"))), libc::EROFS);
+    assert_eq!(errno(fs::write(s.p("audit"), b"x")), libc::EROFS);
+    assert_eq!(errno(fs::remove_dir(s.p("tool"))), libc::EROFS);
+    let status = fs::read_to_string(s.p("status")).unwrap();
+    assert!(status.starts_with(&format!("version {}\n", env!("CARGO_PKG_VERSION"))), "{status}");
+    assert!(status.contains("requests ") && status.contains("op.lookup "), "{status}");
+    assert_eq!(errno(fs::write(s.p("status"), b"x")), libc::EACCES);
+    let out = Command::new(s.p("bin/ctx")).arg("--version").output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("ctx {}", env!("CARGO_PKG_VERSION")));
+    assert_eq!(errno(fs::write(s.p("bin/ctx"), b"x")), libc::EACCES);
+    assert_eq!(s.stop(), Some(0), "SIGTERM stops it cleanly");
+    assert!(fs::read_dir(&s.mnt).unwrap().next().is_none(), "unmounted");
+}
+
+#[test]
+fn objects_and_controls() {
+    let s = Served::start();
+    install_hello(&s);
+    // Residue and staging never show.
+    fs::create_dir(s.storage.join("tool/ghost.d")).unwrap();
+    fs::create_dir(s.storage.join("tool/.cortexfs-stage.x.1.2")).unwrap();
+    std::thread::sleep(Duration::from_millis(1100)); // entry timeout of storage listings
+    let mut names: Vec<String> =
+        fs::read_dir(s.p("tool")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["hello", "hello.d"]);
+    let out = Command::new(s.p("tool/hello")).arg("world").output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello, world\n", "the kernel execs through the mount");
+    assert_eq!(errno(fs::OpenOptions::new().write(true).open(s.p("tool/hello"))), libc::EPERM);
+    assert_eq!(errno(fs::write(s.p("tool/new"), b"x")), libc::EPERM);
+
+    // A valid policy replaces the old one; an invalid one fails and the old stays.
+    let policy = s.p("tool/hello.d/policy");
+    fs::write(&policy, b"allow coder_t tool:hello execute\nallow reviewer_t tool:hello execute\n").unwrap();
+    assert_eq!(
+        fs::read(&policy).unwrap(),
+        b"allow coder_t tool:hello execute\nallow reviewer_t tool:hello execute\n"
+    );
+    assert_eq!(errno(fs::write(&policy, b"allow coder_t agent:* create\n")), libc::EINVAL);
+    // Without a trailing newline the last line is checked when the file is closed.
+    // dd reports errors from close.
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!("printf 'allow coder_t network:foo connect' | dd of={} status=none", policy.display()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Invalid argument"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(fs::read_to_string(&policy).unwrap().contains("reviewer_t"), "old policy kept");
+    // Writes must start at 0 and stay under 64 KiB.
+    let f = fs::OpenOptions::new().write(true).open(s.p("tool/hello.d/description")).unwrap();
+    assert_eq!(errno(std::os::unix::fs::FileExt::write_at(&f, b"x", 5)), libc::EINVAL);
+    drop(f);
+    assert_eq!(errno(fs::write(s.p("tool/hello.d/description"), vec![b'a'; 65 * 1024])), libc::EFBIG);
+    // Runtime controls are read-only; unknown controls cannot be created or renamed into.
+    assert_eq!(errno(fs::write(s.p("tool/hello.d/status"), b"ok")), libc::EACCES);
+    assert_eq!(errno(fs::write(s.p("tool/hello.d/bogus"), b"x")), libc::EPERM);
+    assert_eq!(errno(fs::rename(&policy, s.p("tool/hello.d/bogus"))), libc::EPERM);
+    assert_eq!(errno(fs::remove_file(&policy)), libc::EPERM);
+    // Extended attributes say what things are; setting fails.
+    assert_eq!(xattr(&s.p("tool/hello")), "object");
+    assert_eq!(xattr(&policy), "control");
+    assert_eq!(xattr(&s.p("tool/hello.d/status")), "runtime-control");
+    assert_eq!(xattr(&s.p("status")), "status");
+    let c = std::ffi::CString::new(policy.to_str().unwrap()).unwrap();
+    let set = rustix::fs::setxattr(c.as_c_str(), "user.cortexfs.kind", b"x", rustix::fs::XattrFlags::empty());
+    assert_eq!(set.err().map(|e| e.raw_os_error()), Some(libc::EPERM));
+}
+
+fn xattr(p: &Path) -> String {
+    let mut buf = [0u8; 64];
+    let n = rustix::fs::getxattr(p, "user.cortexfs.kind", &mut buf).unwrap();
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+#[test]
+fn session_logs_take_whole_lines_at_the_end_durably() {
+    let s = Served::start();
+    let dir = s.p("home/0/agent/coder/session/default");
+    fs::create_dir_all(&dir).unwrap();
+    let m = dir.join("messages.jsonl");
+    let mut f = fs::OpenOptions::new().append(true).create(true).open(&m).unwrap();
+    f.write_all(b"{\"role\":\"user\",\"text\":\"hi\"}\n").unwrap();
+    // Durable when the write returns: the storage file and its commit evidence hold it.
+    let backing = s.storage.join("home/0/agent/coder/session/default/messages.jsonl");
+    let (mark, torn) = ringfs::log::verify(&backing).unwrap();
+    assert_eq!((mark.end, torn), (28, 0));
+    assert_eq!(errno(f.write_all(b"not json\n")), libc::EINVAL);
+    assert_eq!(errno(f.write_all(b"{\"partial\":")), libc::EINVAL);
+    f.write_all(b"{\"role\":\"agent\",\"text\":\"hello\"}\n{\"role\":\"user\",\"text\":\"bye\"}\n").unwrap();
+    drop(f);
+    let text = fs::read_to_string(&m).unwrap();
+    assert_eq!(text.lines().count(), 3, "{text}");
+    // Overwrites and truncation fail.
+    let f = fs::OpenOptions::new().write(true).open(&m).unwrap();
+    assert_eq!(errno(std::os::unix::fs::FileExt::write_at(&f, b"{}\n", 0)), libc::EINVAL);
+    assert_eq!(errno(f.set_len(0)), libc::EPERM);
+    assert_eq!(errno(fs::OpenOptions::new().write(true).truncate(true).open(&m)), libc::EPERM);
+    assert_eq!(xattr(&m), "session-log");
+    assert_eq!(fs::read_to_string(&m).unwrap(), text, "nothing changed");
+}
+
+#[test]
+fn home_data_is_posix_and_owned_by_the_caller() {
+    let s = Served::start();
+    fs::create_dir_all(s.storage.join("home/65534")).unwrap();
+    rustix::fs::chown(
+        &s.storage.join("home/65534"),
+        Some(rustix::fs::Uid::from_raw(65534)),
+        Some(rustix::fs::Gid::from_raw(65534)),
+    )
+    .unwrap();
+    let home = s.p("home/65534");
+    // As nobody: create, write, rename, link, mkdir, unlink; files belong to nobody.
+    let script = format!(
+        "set -e; cd {h}; echo one > a; echo two >> a; mv a b; ln b c; mkdir d; mv b d/e; \
+         test \"$(cat d/e)\" = \"one\ntwo\"; rm c; (set -C; echo x > d/e) 2>/dev/null && exit 9; \
+         echo ok > /{m}/home/65534/d/f; cat d/f",
+        h = home.display(),
+        m = s.mnt.strip_prefix("/").unwrap().display()
+    );
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+    let meta = fs::metadata(s.storage.join("home/65534/d/f")).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (65534, 65534), "new files belong to the caller");
+    // nobody cannot write root's controls or another home.
+    install_hello(&s);
+    fs::create_dir_all(s.storage.join("home/0")).unwrap();
+    let deny = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--", "sh", "-c"])
+        .arg(format!(
+            "echo 'allow x_t tool:hello execute' > {}; echo hi > {}/home/0/x",
+            s.p("tool/hello.d/policy").display(),
+            s.mnt.display()
+        ))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&deny.stderr);
+    assert!(err.matches("Permission denied").count() == 2, "{err}");
+    // O_EXCL on an existing file.
+    fs::write(s.p("home/65534/d/g"), b"").unwrap();
+    assert_eq!(
+        errno(fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(s.p("home/65534/d/g"))),
+        libc::EEXIST
+    );
+}
+
+#[test]
+fn refuses_a_non_empty_mount_point_and_recovers_a_dead_mount() {
+    let mut s = Served::start();
+    // kill -9 leaves a dead mount behind.
+    let mut c = s.child.take().unwrap();
+    kill_process(Pid::from_raw(c.id() as i32).unwrap(), Signal::KILL).unwrap();
+    c.wait().unwrap();
+    assert_eq!(errno(fs::metadata(s.p("status"))), libc::ENOTCONN);
+    s.spawn();
+    assert!(fs::read_to_string(s.p("status")).unwrap().starts_with("version"), "dead mount recovered");
+    s.stop();
+    let full = tempfile::tempdir().unwrap();
+    fs::write(full.path().join("keep"), b"x").unwrap();
+    let out = Command::new(tests::bin("ctx"))
+        .args(["mount", "--source", s.storage.to_str().unwrap(), full.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not empty"));
+}
