@@ -30,6 +30,9 @@ enum Command {
     /// Publish, claim, finish and recover jobs of a file-native queue.
     #[command(subcommand)]
     Queue(cmd::queue::Cmd),
+    /// Create, list and remove agent views (root; through the daemon's control socket).
+    #[command(subcommand)]
+    View(cmd::view::Cmd),
     /// Check a name against the object name grammar.
     ValidateName {
         /// The name.
@@ -60,6 +63,7 @@ fn main() -> ExitCode {
         Command::Policy(c) => cmd::policy::run(c),
         Command::Object(c) => cmd::object::run(c),
         Command::Queue(c) => cmd::queue::run(c),
+        Command::View(c) => cmd::view::run(c),
         Command::ValidateName { name, mcp } => cmd::name::run(&name, mcp),
     };
     match result {

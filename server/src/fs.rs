@@ -30,6 +30,7 @@ use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, Timespec, Timestamps};
 
 use crate::area::{Area, classify};
 use crate::storage::{LAYOUT, Storage, component};
+use crate::view::{Authority, SharedAccess, ViewSpec};
 
 const ROOT: u64 = 1;
 const STATUS: u64 = 2;
@@ -62,6 +63,10 @@ pub struct Config {
     pub storage: PathBuf,
     /// `bin/` entries: name and host path.
     pub bins: Vec<(String, PathBuf)>,
+    /// The agent view this filesystem serves; `None` for the host view.
+    pub view: Option<ViewSpec>,
+    /// The daemon's count of agent views, shown in `status`.
+    pub view_count: Arc<AtomicU64>,
 }
 
 #[derive(Debug)]
@@ -169,6 +174,8 @@ pub struct CtxFs {
     logs: Mutex<HashMap<PathBuf, Arc<AppendLog>>>,
     stats: Stats,
     started: Instant,
+    view: Option<Authority>,
+    view_count: Arc<AtomicU64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -250,7 +257,64 @@ impl CtxFs {
             logs: Mutex::new(HashMap::new()),
             stats: Stats::default(),
             started: Instant::now(),
+            view: config.view.map(Authority::new),
+            view_count: config.view_count,
         })
+    }
+
+    /// Whether the view may see the storage path `rel` (always, in the host view).
+    fn permitted(&self, rel: &Path) -> bool {
+        let Some(a) = &self.view else { return true };
+        if !a.alive(&self.storage) {
+            return false;
+        }
+        let n: Vec<&str> = rel.iter().filter_map(|c| c.to_str()).collect();
+        let object = |name: &str| -> String {
+            name.strip_suffix(".d").or_else(|| name.strip_suffix(".sock")).unwrap_or(name).to_owned()
+        };
+        match n.as_slice() {
+            [_] => true,
+            ["tool", name, ..] => a.tool(&self.storage, &object(name)),
+            ["agent", name, ..] => a.agent(&self.storage, &object(name)),
+            ["model", rest @ ..] => {
+                let end = rest
+                    .iter()
+                    .position(|c| c.ends_with(".d") || c.ends_with(".sock"))
+                    .map_or(rest.len(), |i| i + 1);
+                let mut parts: Vec<String> = rest[..end].iter().map(|c| (*c).to_owned()).collect();
+                if let Some(last) = parts.last_mut() {
+                    *last = object(last);
+                }
+                let is_dir =
+                    self.storage.stat(rel).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR);
+                (rest.len() == 1 && is_dir && !rest[0].ends_with(".d"))
+                    || a.model(&self.storage, &parts.join("/"))
+            }
+            ["home", uid, ..] => a.uid(&self.storage).is_some_and(|u| u.to_string() == *uid),
+            ["shared", name, ..] => a.shared(&self.storage, name) != SharedAccess::None,
+            _ => false,
+        }
+    }
+
+    /// Whether the view may change the storage path `rel` (beyond mode bits).
+    fn may_write(&self, rel: &Path) -> io::Result<()> {
+        let Some(a) = &self.view else { return Ok(()) };
+        if !self.permitted(rel) {
+            return Err(err(libc::ENOENT));
+        }
+        let n: Vec<&str> = rel.iter().filter_map(|c| c.to_str()).collect();
+        match n.as_slice() {
+            ["shared", name, _, ..] if a.shared(&self.storage, name) != SharedAccess::Write => {
+                Err(err(libc::EACCES))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Entry and attribute timeout for a storage path: policy-filtered entries are never cached
+    /// in a view, so a revoked grant takes effect at once.
+    fn timeout(&self, area: Area) -> Duration {
+        if area == Area::SessionLog || self.view.is_some() { Duration::ZERO } else { SHORT }
     }
 
     /// The `status` file's contents, computed now.
@@ -260,7 +324,11 @@ impl CtxFs {
         s.push_str(&format!("version {}\n", env!("CARGO_PKG_VERSION")));
         s.push_str(&format!("uptime_s {}\n", self.started.elapsed().as_secs()));
         s.push_str(&format!("storage {}\n", self.storage.path().display()));
-        s.push_str("views 1\n");
+        s.push_str(&format!("views {}\n", self.view_count.load(Ordering::Relaxed)));
+        match &self.view {
+            None => s.push_str("view host\n"),
+            Some(a) => s.push_str(&format!("view agent {} session {}\n", a.spec().agent, a.spec().session)),
+        }
         s.push_str(&format!("requests {total}\n"));
         for (op, c) in OPS.iter().zip(&self.stats.ops) {
             s.push_str(&format!("op.{op} {}\n", c.load(Ordering::Relaxed)));
@@ -320,7 +388,7 @@ impl CtxFs {
             return false;
         }
         let child = dir.join(std::ffi::OsStr::from_bytes(name));
-        if classify(&child).is_none() {
+        if classify(&child).is_none() || !self.permitted(&child) {
             return false;
         }
         // Controls without their executable are residue of an interrupted install.
@@ -352,8 +420,7 @@ impl CtxFs {
         let (mut attr, area) = self.backed_attr(&rel, 0)?;
         let ino = lock(&self.inodes).remember(&rel);
         attr.st_ino = ino;
-        let timeout = if area == Area::SessionLog { Duration::ZERO } else { SHORT };
-        Ok(self.entry(ino, attr, timeout))
+        Ok(self.entry(ino, attr, self.timeout(area)))
     }
 
     fn is_write(flags: u32) -> bool {
@@ -416,6 +483,12 @@ impl CtxFs {
     fn open_backed(&self, rel: &Path, flags: u32) -> io::Result<(Handle, OpenOptions)> {
         let area = classify(rel).ok_or_else(|| err(libc::ENOENT))?;
         let write = Self::is_write(flags);
+        if !self.permitted(rel) {
+            return Err(err(libc::ENOENT));
+        }
+        if write {
+            self.may_write(rel)?;
+        }
         let read_flags = OFlags::RDONLY;
         match area {
             Area::Object | Area::Socket if write => Err(err(libc::EPERM)),
@@ -466,6 +539,7 @@ impl CtxFs {
         let name = component(name)?;
         let rel = dir.join(name);
         let area = classify(&rel).ok_or_else(|| err(libc::EPERM))?;
+        self.may_write(&rel)?;
         match (classify(&dir), area) {
             (_, Area::Data | Area::SessionLog) => Ok((rel, area)),
             (Some(Area::ControlDir), Area::Control(Owner::Host | Owner::SelfUpdatable)) => Ok((rel, area)),
@@ -478,6 +552,7 @@ impl CtxFs {
         let mut out =
             vec![(b".".to_vec(), ino, libc::DT_DIR as u32), (b"..".to_vec(), ROOT, libc::DT_DIR as u32)];
         match ino {
+            ROOT if self.view.as_ref().is_some_and(|a| !a.alive(&self.storage)) => {}
             ROOT => {
                 for (i, n) in ROOT_NAMES.iter().enumerate() {
                     let t = if i == 0 { libc::DT_REG } else { libc::DT_DIR };
@@ -532,6 +607,10 @@ impl FileSystem for CtxFs {
     fn lookup(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
         self.stats.count("lookup");
         let n = name.to_bytes();
+        if parent == ROOT && self.view.as_ref().is_some_and(|a| !a.alive(&self.storage)) {
+            // The agent is gone: its view is empty.
+            return Err(err(libc::ENOENT));
+        }
         match parent {
             ROOT => match n {
                 b"status" => Ok(self.entry(
@@ -595,8 +674,11 @@ impl FileSystem for CtxFs {
             }
             _ => {
                 let rel = self.rel(ino)?;
+                if !self.permitted(&rel) {
+                    return Err(err(libc::ENOENT));
+                }
                 let (attr, area) = self.backed_attr(&rel, ino)?;
-                Ok((attr, if area == Area::SessionLog { Duration::ZERO } else { SHORT }))
+                Ok((attr, self.timeout(area)))
             }
         }
     }
@@ -615,6 +697,7 @@ impl FileSystem for CtxFs {
         }
         let rel = self.rel(ino)?;
         let area = classify(&rel).ok_or_else(|| err(libc::ENOENT))?;
+        self.may_write(&rel)?;
         match area {
             Area::Data | Area::DataRoot => {}
             Area::SessionLog if !valid.contains(SetattrValid::SIZE) => {}
@@ -753,6 +836,7 @@ impl FileSystem for CtxFs {
             return Err(err(libc::EROFS));
         }
         let rel = self.rel(parent)?.join(component(name)?);
+        self.may_write(&rel)?;
         match classify(&rel) {
             Some(Area::Data) => {}
             Some(_) => return Err(err(libc::EPERM)),
@@ -768,6 +852,7 @@ impl FileSystem for CtxFs {
             return Err(err(libc::EROFS));
         }
         let rel = self.rel(parent)?.join(component(name)?);
+        self.may_write(&rel)?;
         match classify(&rel) {
             Some(Area::Data) => {}
             Some(_) => return Err(err(libc::EPERM)),
@@ -792,6 +877,8 @@ impl FileSystem for CtxFs {
         }
         let from = self.rel(olddir)?.join(component(oldname)?);
         let to = self.rel(newdir)?.join(component(newname)?);
+        self.may_write(&from)?;
+        self.may_write(&to)?;
         match (classify(&from), classify(&to)) {
             (Some(Area::Data), Some(Area::Data)) => {}
             (Some(Area::Control(_)), None) => return Err(err(libc::EPERM)), // unknown control name
@@ -816,6 +903,7 @@ impl FileSystem for CtxFs {
 
     fn link(&self, _ctx: &Context, ino: u64, newparent: u64, newname: &CStr) -> io::Result<Entry> {
         let from = self.rel(ino)?;
+        self.may_write(&from)?;
         let (to, area) = self.new_child(newparent, newname)?;
         if classify(&from) != Some(Area::Data) || area != Area::Data {
             return Err(err(libc::EPERM));

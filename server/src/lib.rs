@@ -10,8 +10,11 @@
 //! and vhost-user virtio-fs transports.
 
 pub mod area;
+pub mod control;
 pub mod fs;
 pub mod storage;
 pub mod transport;
+pub mod view;
 
 pub use fs::{Config, CtxFs};
+pub use view::ViewSpec;

@@ -18,7 +18,8 @@ struct Served {
     child: Option<Child>,
     storage: PathBuf,
     mnt: PathBuf,
-    _dir: tempfile::TempDir,
+    control: PathBuf,
+    dir: tempfile::TempDir,
 }
 
 impl Served {
@@ -28,7 +29,8 @@ impl Served {
         let storage = dir.path().join("storage");
         let mnt = dir.path().join("ctx");
         fs::create_dir(&mnt).unwrap();
-        let mut s = Served { child: None, storage, mnt, _dir: dir };
+        let control = dir.path().join("control.sock");
+        let mut s = Served { child: None, storage, mnt, control, dir };
         s.spawn();
         s
     }
@@ -37,6 +39,7 @@ impl Served {
         assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is required for mount tests");
         let child = Command::new(tests::bin("ctx"))
             .args(["mount", "--source", self.storage.to_str().unwrap(), self.mnt.to_str().unwrap()])
+            .args(["--control", self.control.to_str().unwrap()])
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -266,4 +269,114 @@ fn refuses_a_non_empty_mount_point_and_recovers_a_dead_mount() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not empty"));
+}
+
+fn ctx(args: &[&str]) -> std::process::Output {
+    Command::new(tests::bin("ctx")).args(args).output().unwrap()
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> =
+        fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    v.sort();
+    v
+}
+
+/// Writes an object straight into storage (an executable and its controls).
+fn object(storage: &Path, class: &str, name: &str, controls: &[(&str, &str)]) {
+    let dir = storage.join(class);
+    fs::create_dir_all(dir.join(format!("{name}.d"))).unwrap();
+    fs::write(dir.join(name), b"#!/bin/sh\necho ok\n").unwrap();
+    fs::set_permissions(dir.join(name), fs::Permissions::from_mode(0o755)).unwrap();
+    for (c, body) in controls {
+        fs::write(dir.join(format!("{name}.d")).join(c), body).unwrap();
+    }
+}
+
+#[test]
+fn agent_views_show_only_what_the_agent_may_use() {
+    let s = Served::start();
+    let st = &s.storage;
+    object(
+        st,
+        "agent",
+        "coder",
+        &[
+            ("label", "coder_t\n"),
+            ("uid", "1000\n"),
+            (
+                "policy",
+                "allow coder_t tool:hello execute\nallow coder_t tool:mine execute\nallow coder_t shared:proj read\n",
+            ),
+        ],
+    );
+    object(st, "agent", "other", &[("label", "other_t\n"), ("uid", "2000\n"), ("policy", "")]);
+    object(st, "tool", "hello", &[("policy", "allow coder_t tool:hello execute\n")]);
+    object(st, "tool", "hidden", &[("policy", "allow coder_t tool:hidden execute\n")]);
+    object(st, "tool", "mine", &[("policy", "allow someone_t tool:mine execute\n")]);
+    for d in ["home/1000", "home/2000", "shared/proj/data", "shared/secret"] {
+        fs::create_dir_all(st.join(d)).unwrap();
+    }
+    let control = s.control.to_str().unwrap();
+    let v1 = s.dir.path().join("v1");
+    let out = ctx(&[
+        "view",
+        "create",
+        "--agent",
+        "coder",
+        "--session",
+        "s1",
+        "--path",
+        v1.to_str().unwrap(),
+        "--control",
+        control,
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), v1.to_str().unwrap());
+    let v2 = s.dir.path().join("v2");
+    assert!(
+        ctx(&["view", "create", "--agent", "other", "--path", v2.to_str().unwrap(), "--control", control])
+            .status
+            .success()
+    );
+
+    assert_eq!(names(&v1), ["agent", "bin", "home", "model", "shared", "status", "tool"]);
+    // Both policies must allow a tool; anything else does not exist in the view.
+    assert_eq!(names(&v1.join("tool")), ["hello", "hello.d"]);
+    assert_eq!(errno(fs::metadata(v1.join("tool/hidden"))), libc::ENOENT);
+    assert_eq!(errno(fs::metadata(v1.join("tool/mine.d/policy"))), libc::ENOENT);
+    assert_eq!(names(&v1.join("agent")), ["coder", "coder.d"]);
+    assert_eq!(names(&v1.join("home")), ["1000"], "another agent's home is invisible");
+    assert_eq!(names(&v1.join("shared")), ["proj"]);
+    assert_eq!(errno(fs::write(v1.join("shared/proj/data/x"), b"x")), libc::EACCES, "read grant only");
+    assert!(names(&v2.join("tool")).is_empty());
+
+    // A policy change takes effect in the live view.
+    fs::write(st.join("agent/coder.d/policy"), "allow coder_t tool:hello execute\nallow coder_t tool:hidden execute\nallow coder_t shared:proj write\n").unwrap();
+    assert_eq!(names(&v1.join("tool")), ["hello", "hello.d", "hidden", "hidden.d"]);
+    fs::write(v1.join("shared/proj/data/x"), b"x").unwrap();
+    fs::write(st.join("tool/hello.d/policy"), "").unwrap();
+    assert_eq!(names(&v1.join("tool")), ["hidden", "hidden.d"], "the tool's own policy counts too");
+
+    // The host status counts views; ls lists them; removing one leaves the other.
+    assert!(fs::read_to_string(s.p("status")).unwrap().contains("views 2\n"));
+    let ls = ctx(&["view", "ls", "--control", control]);
+    assert_eq!(String::from_utf8_lossy(&ls.stdout).lines().count(), 2);
+    assert!(ctx(&["view", "rm", v2.to_str().unwrap(), "--control", control]).status.success());
+    assert!(fs::read_dir(&v2).unwrap().next().is_none(), "v2 unmounted");
+    assert_eq!(names(&v1.join("tool")), ["hidden", "hidden.d"], "v1 undisturbed");
+
+    // A view whose agent is deleted becomes empty and refuses.
+    fs::remove_file(st.join("agent/coder")).unwrap();
+    assert!(names(&v1).is_empty());
+    assert_eq!(errno(fs::metadata(v1.join("tool"))), libc::ENOENT);
+
+    // The control socket serves root only.
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(tests::bin("ctx"))
+        .args(["view", "ls", "--control", control])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(13), "{}", String::from_utf8_lossy(&out.stderr));
 }

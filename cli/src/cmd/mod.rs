@@ -5,3 +5,4 @@ pub mod name;
 pub mod object;
 pub mod policy;
 pub mod queue;
+pub mod view;

@@ -24,6 +24,9 @@ pub struct Args {
     /// Threads serving requests (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
+    /// The root-only control socket through which `ctx view` manages agent views.
+    #[arg(long, default_value = server::control::DEFAULT_SOCKET)]
+    control: PathBuf,
 }
 
 /// True when `path` is the mount point of a mount whose server is gone. (`statfs` always
@@ -82,17 +85,29 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         )
         .into());
     }
-    let fs = server::CtxFs::new(server::Config { storage: a.source.clone(), bins: bins() })
+    let config = server::Config {
+        storage: a.source.clone(),
+        bins: bins(),
+        view: None,
+        view_count: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+    };
+    let fs = server::CtxFs::new(config.clone())
         .map_err(|e| Exit::io(format!("cannot open storage {}", a.source.display()), &e))?;
     let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
     let mut signals = Signals::new([SIGINT, SIGTERM])?;
     let mount = server::transport::fusedev::Mount::new(Arc::new(fs), mp, threads)
         .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("cannot mount {}: {e}", mp.display())))?;
+    let views = Arc::new(server::control::Views::new(config));
+    server::control::listen(&a.control, Arc::clone(&views)).map_err(|e| {
+        Exit::new(exit::UNAVAILABLE, format!("cannot listen on {}: {e}", a.control.display()))
+    })?;
     tracing::info!(storage = %a.source.display(), mountpoint = %mp.display(), threads, "serving /ctx");
     eprintln!("ctx: serving {} at {}", a.source.display(), mp.display());
     if let Some(sig) = signals.forever().next() {
         tracing::info!(signal = sig, "stopping");
     }
+    views.shutdown();
+    let _ = std::fs::remove_file(&a.control);
     mount.unmount().map_err(|e| Exit::new(exit::FAILURE, format!("unmounting {}: {e}", mp.display())))?;
     Ok(())
 }
