@@ -45,7 +45,7 @@ pub enum Cmd {
     },
 }
 
-fn call(control: &PathBuf, req: serde_json::Value) -> anyhow::Result<serde_json::Value> {
+fn call(control: &std::path::Path, req: serde_json::Value) -> anyhow::Result<serde_json::Value> {
     let reply = server::control::request(control, &req).map_err(|e| {
         let code =
             if e.kind() == std::io::ErrorKind::PermissionDenied { exit::DENIED } else { exit::UNAVAILABLE };
