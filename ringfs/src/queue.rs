@@ -669,12 +669,13 @@ impl Queue {
                 .any(|d| rustix::fs::statat(&self.dirs[d], job, AtFlags::SYMLINK_NOFOLLOW).is_ok());
             let pending = rustix::fs::statat(&self.dirs[PENDING], job, AtFlags::SYMLINK_NOFOLLOW).is_ok();
             if terminal || pending {
-                r.conflicts.push(format!(
-                    "{job}: fenced claim conflicts with a pending or finished copy; left in claimed/{fenced}"
-                ));
-                return Ok(());
+                // A move across directories that a crash left half durable: the copy in
+                // pending/ or done/ (failed/) is the job; the claim's copy is stale.
+                rustix::fs::unlinkat(&fd, job, AtFlags::empty()).map_err(errno("remove", fpath.join(job)))?;
+                r.reconciled.push(format!("{job}: dropped a stale copy left in its claim"));
             }
             match policy {
+                _ if terminal || pending => {}
                 Policy::Requeue => {
                     match rustix::fs::renameat_with(
                         &fd,

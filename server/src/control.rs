@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
-use crate::transport::fusedev::Mount;
+use crate::transport::pool::{Attached, Pool};
 use crate::{Config, CtxFs, ViewSpec};
 
 /// The default control socket.
@@ -28,12 +28,13 @@ pub const DEFAULT_VIEW_ROOT: &str = "/run/cortexfs/view";
 
 struct View {
     spec: ViewSpec,
-    mount: Mount,
+    mount: Attached,
 }
 
-/// The views a daemon serves.
+/// The views a daemon serves, all from one thread pool.
 pub struct Views {
     base: Config,
+    pool: Arc<Pool>,
     views: Mutex<Vec<View>>,
 }
 
@@ -44,9 +45,9 @@ impl std::fmt::Debug for Views {
 }
 
 impl Views {
-    /// Views of the storage and binaries in `base`.
-    pub fn new(base: Config) -> Views {
-        Views { base, views: Mutex::new(Vec::new()) }
+    /// Views of the storage and binaries in `base`, served by `pool`.
+    pub fn new(base: Config, pool: Arc<Pool>) -> Views {
+        Views { base, pool, views: Mutex::new(Vec::new()) }
     }
 
     /// Number of live views.
@@ -73,7 +74,7 @@ impl Views {
         let fs = CtxFs::new(Config { view: Some(spec.clone()), ..self.base.clone() })
             .map_err(|e| format!("opening storage: {e}"))?;
         let mount =
-            Mount::new(Arc::new(fs), &path, 1).map_err(|e| format!("mounting {}: {e}", path.display()))?;
+            self.pool.mount(Arc::new(fs), &path).map_err(|e| format!("mounting {}: {e}", path.display()))?;
         tracing::info!(agent, session, path = %path.display(), "view created");
         views.push(View { spec, mount });
         self.base.view_count.store(views.len() as u64, std::sync::atomic::Ordering::Relaxed);
@@ -88,7 +89,7 @@ impl Views {
             .ok_or_else(|| format!("no view at {path}"))?;
         let v = views.remove(i);
         self.base.view_count.store(views.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        v.mount.unmount().map_err(|e| format!("unmounting {path}: {e}"))?;
+        self.pool.unmount(v.mount).map_err(|e| format!("unmounting {path}: {e}"))?;
         tracing::info!(path, "view removed");
         Ok(())
     }
@@ -106,7 +107,7 @@ impl Views {
     pub fn shutdown(&self) {
         if let Ok(mut views) = self.views.lock() {
             for v in views.drain(..) {
-                let _ = v.mount.unmount();
+                let _ = self.pool.unmount(v.mount);
             }
         }
     }

@@ -3,11 +3,14 @@
 //!
 //! - this module: locating the built binaries and running them;
 //! - [`appender`]: driving the `log-appender` helper and checking the log it leaves;
-//! - [`powerloss`]: mounting the `powerloss-fs` helper and simulating power loss.
+//! - [`object`]: writing object packages and judging what an install left in storage;
+//! - [`powerloss`]: mounting the `powerloss-fs` helper, simulating power loss and injecting
+//!   faults.
 //!
 //! Only the test targets of this crate depend on it.
 
 pub mod appender;
+pub mod object;
 pub mod powerloss;
 
 use std::path::PathBuf;

@@ -1,9 +1,10 @@
-//! Power-loss simulation: mounts the `powerloss-fs` helper on a fresh directory and drops its
-//! unsynced state on request (see `src/bin/powerloss_fs.rs` for the model).
+//! Power-loss simulation: mounts the `powerloss-fs` helper on a fresh directory, drops its
+//! unsynced state on request, and injects faults: failing syncs (EIO) and a power cut right
+//! after a chosen sync (see `src/bin/powerloss_fs.rs` for the model).
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
@@ -28,6 +29,8 @@ pub fn require_fuse() {
 #[derive(Debug)]
 pub struct PowerlossMount {
     child: Child,
+    /// The daemon's command input.
+    control: ChildStdin,
     lines: Receiver<String>,
     // Declared last: dropped after `Drop::drop` has unmounted it.
     dir: TempDir,
@@ -42,11 +45,13 @@ impl PowerlossMount {
         let mut child = Command::new(crate::bin("powerloss-fs"))
             .arg(dir.path())
             .arg(seed.to_string())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn powerloss-fs");
         let out = child.stdout.take().expect("stdout is piped");
+        let control = child.stdin.take().expect("stdin is piped");
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines() {
@@ -56,7 +61,7 @@ impl PowerlossMount {
                 }
             }
         });
-        let m = PowerlossMount { child, lines, dir };
+        let m = PowerlossMount { child, control, lines, dir };
         m.expect_line("ready");
         m
     }
@@ -76,6 +81,77 @@ impl PowerlossMount {
         self.signal(rustix::process::Signal::USR2);
     }
 
+    /// Turns EIO mode on or off: while on, every sync (fsync, fdatasync, `O_SYNC` or `O_DSYNC`
+    /// write) fails with EIO and makes nothing durable.
+    pub fn set_eio(&self, on: bool) {
+        let word = if on { "eio on" } else { "eio off" };
+        self.command(word, word);
+    }
+
+    /// Arms a power cut: the `n`th successful sync from now (by anyone on this mount) completes,
+    /// then the power is cut and every operation fails with EIO until [`restart`](Self::restart).
+    pub fn arm_cut(&self, n: u64) {
+        self.command(&format!("after {n}"), &format!("armed {n}"));
+    }
+
+    /// Forgets an armed cut that has not happened.
+    pub fn disarm(&self) {
+        self.command("disarm", "disarmed");
+    }
+
+    /// Ends the failing state after a cut, as a reboot does.
+    pub fn restart(&self) {
+        self.command("restart", "restarted");
+    }
+
+    /// The daemon's fault-injection counters.
+    pub fn status(&self) -> Status {
+        let line = self.ask("status");
+        let field = |k: &str| -> u64 {
+            line.split(' ')
+                .find_map(|w| w.strip_prefix(k)?.strip_prefix('='))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("powerloss-fs answered {line:?} to status (no {k})"))
+        };
+        Status {
+            syncs: field("syncs"),
+            armed: field("armed"),
+            down: field("down") == 1,
+            eio: field("eio") == 1,
+        }
+    }
+
+    /// Runs `op` with the power cut right after the `n`th successful sync from now. After a cut
+    /// the filesystem is restarted before this returns (its durable state is what survives);
+    /// otherwise the armed cut is forgotten.
+    pub fn cut_after<T>(&self, n: u64, op: impl FnOnce() -> T) -> (T, Cut) {
+        let before = self.status().syncs;
+        self.arm_cut(n);
+        let out = op();
+        let after = self.status();
+        if after.down {
+            self.restart();
+        } else {
+            self.disarm();
+        }
+        (out, Cut { happened: after.down, syncs: after.syncs - before })
+    }
+
+    /// Sends one command and checks its answer.
+    fn command(&self, cmd: &str, want: &str) {
+        let got = self.ask(cmd);
+        assert_eq!(got, want, "powerloss-fs answered {got:?} to {cmd:?}");
+    }
+
+    /// Sends one command and returns its answer.
+    fn ask(&self, cmd: &str) -> String {
+        (&self.control).write_all(format!("{cmd}\n").as_bytes()).expect("write to powerloss-fs");
+        match self.lines.recv_timeout(TIMEOUT) {
+            Ok(line) => line,
+            Err(e) => panic!("powerloss-fs did not answer {cmd:?} ({e}); see its stderr above"),
+        }
+    }
+
     fn signal(&self, sig: rustix::process::Signal) {
         let pid = rustix::process::Pid::from_child(&self.child);
         rustix::process::kill_process(pid, sig).expect("signal powerloss-fs");
@@ -89,6 +165,29 @@ impl PowerlossMount {
             Err(e) => panic!("powerloss-fs did not print {want:?} ({e}); see its stderr above"),
         }
     }
+}
+
+/// What [`PowerlossMount::cut_after`] saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cut {
+    /// The power was cut (the operation made at least the armed number of syncs).
+    pub happened: bool,
+    /// Successful syncs made meanwhile, the one before the cut included.
+    pub syncs: u64,
+}
+
+/// The fault-injection counters of a [`PowerlossMount`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Status {
+    /// Successful syncs (fsync and fdatasync of files and directories, `O_SYNC` and `O_DSYNC`
+    /// writes) since mounting.
+    pub syncs: u64,
+    /// Syncs left before an armed cut; 0 when none is armed.
+    pub armed: u64,
+    /// The power was cut and the filesystem has not been restarted.
+    pub down: bool,
+    /// Syncs fail with EIO.
+    pub eio: bool,
 }
 
 impl Drop for PowerlossMount {

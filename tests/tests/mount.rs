@@ -201,7 +201,7 @@ fn home_data_is_posix_and_owned_by_the_caller() {
     let s = Served::start();
     fs::create_dir_all(s.storage.join("home/65534")).unwrap();
     rustix::fs::chown(
-        &s.storage.join("home/65534"),
+        s.storage.join("home/65534"),
         Some(rustix::fs::Uid::from_raw(65534)),
         Some(rustix::fs::Gid::from_raw(65534)),
     )

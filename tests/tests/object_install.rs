@@ -4,61 +4,14 @@
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use tests::object::package;
 use tests::run;
-
-fn sha(b: &[u8]) -> String {
-    use std::fmt::Write;
-    let d = ringfs_sha(b);
-    d.iter().fold(String::new(), |mut s, x| {
-        let _ = write!(s, "{x:02x}");
-        s
-    })
-}
-
-fn ringfs_sha(b: &[u8]) -> [u8; 32] {
-    // sha256 through the system tool keeps this test independent of the code under test.
-    let d = tempfile::tempdir().unwrap();
-    let p = d.path().join("f");
-    fs::write(&p, b).unwrap();
-    let out = Command::new("sha256sum").arg(&p).output().unwrap();
-    let hex = String::from_utf8(out.stdout).unwrap();
-    let hex = hex.split_whitespace().next().unwrap().to_owned();
-    let mut a = [0u8; 32];
-    for i in 0..32 {
-        a[i] = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
-    }
-    a
-}
-
-/// A tool package with an executable of `size` bytes; returns its manifest path.
-fn package(dir: &Path, name: &str, version: &str, size: usize) -> PathBuf {
-    fs::create_dir_all(dir.join("bin")).unwrap();
-    let mut exe = format!("#!/bin/sh\necho {name} {version}\nexit 0\n# ").into_bytes();
-    exe.resize(size.max(exe.len()), b'#');
-    exe.push(b'\n');
-    fs::write(dir.join("bin/t"), &exe).unwrap();
-    fs::set_permissions(dir.join("bin/t"), fs::Permissions::from_mode(0o755)).unwrap();
-    let schema = br#"{"type":"object","properties":{"path":{"type":"string"}}}"#;
-    fs::write(dir.join("schema.json"), schema).unwrap();
-    let m = format!(
-        r#"{{"schema":"cortexfs.object/v2","version":"{version}","compatibility":{{"cortexfs":">=0.1"}},
-        "class":"tool","name":"{name}","executable":{{"path":"bin/t","sha256":"{}"}},
-        "controls":{{"description":{{"text":"{name} {version}\n"}},"policy":{{"text":"allow a_t tool:{name} execute\n"}},
-        "schema":{{"path":"schema.json","sha256":"{}"}}}}}}"#,
-        sha(&exe),
-        sha(schema)
-    );
-    let p = dir.join("m.json");
-    fs::write(&p, m).unwrap();
-    p
-}
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -69,8 +22,8 @@ fn install_replace_rollback_uninstall() {
     let d = tempfile::tempdir().unwrap();
     let s = d.path().join("storage");
     let src = s.to_str().unwrap();
-    let v1 = package(&d.path().join("v1"), "hello", "1.0.0", 0);
-    let v2 = package(&d.path().join("v2"), "hello", "2.0.0", 0);
+    let v1 = package(&d.path().join("v1"), "hello", "1.0.0", 0).manifest;
+    let v2 = package(&d.path().join("v2"), "hello", "2.0.0", 0).manifest;
     let out = run("ctx", &["object", "install", "--source", src, v1.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(text(&out.stdout).starts_with("installed tool/hello 1.0.0 at "));
@@ -111,7 +64,7 @@ fn install_replace_rollback_uninstall() {
 fn bad_manifests_write_nothing() {
     let d = tempfile::tempdir().unwrap();
     let s = d.path().join("storage");
-    let m = package(&d.path().join("p"), "hello", "1.0.0", 0);
+    let m = package(&d.path().join("p"), "hello", "1.0.0", 0).manifest;
     // Digest mismatch: the executable changed after the manifest was written.
     fs::write(d.path().join("p/bin/t"), b"#!/bin/sh\necho evil\n").unwrap();
     let out = run("ctx", &["object", "install", "--source", s.to_str().unwrap(), m.to_str().unwrap()]);
@@ -119,14 +72,14 @@ fn bad_manifests_write_nothing() {
     assert!(text(&out.stdout).contains("does not match its digest"));
     assert!(!s.exists(), "no writes at all");
     // Symlinked executable.
-    let m = package(&d.path().join("q"), "hello", "1.0.0", 0);
+    let m = package(&d.path().join("q"), "hello", "1.0.0", 0).manifest;
     fs::rename(d.path().join("q/bin/t"), d.path().join("q/real")).unwrap();
     std::os::unix::fs::symlink(d.path().join("q/real"), d.path().join("q/bin/t")).unwrap();
     let out = run("ctx", &["object", "install", "--source", s.to_str().unwrap(), m.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     assert!(!s.exists());
     // Unknown field.
-    let m = package(&d.path().join("r"), "hello", "1.0.0", 0);
+    let m = package(&d.path().join("r"), "hello", "1.0.0", 0).manifest;
     let t = fs::read_to_string(&m).unwrap().replacen('{', "{\"extra\":1,", 1);
     fs::write(&m, t).unwrap();
     let out = run("ctx", &["object", "install", "--source", s.to_str().unwrap(), m.to_str().unwrap()]);
@@ -135,40 +88,13 @@ fn bad_manifests_write_nothing() {
     assert!(!s.exists());
 }
 
-/// True when `storage/tool/NAME` is absent, or present with every control of the manifest.
-fn absent_or_complete(storage: &Path, name: &str, version: &str) -> Result<bool, String> {
-    let exe = storage.join("tool").join(name);
-    if !exe.exists() {
-        return Ok(false);
-    }
-    let ctl = storage.join("tool").join(format!("{name}.d"));
-    let want = [
-        ("description", format!("{name} {version}\n")),
-        ("policy", format!("allow a_t tool:{name} execute\n")),
-        ("name", format!("{name}\n")),
-        ("schema", r#"{"type":"object","properties":{"path":{"type":"string"}}}"#.to_owned()),
-        ("status", String::new()),
-        ("log", String::new()),
-    ];
-    for (c, body) in want {
-        let got = fs::read_to_string(ctl.join(c)).map_err(|e| format!("{name}: {c}: {e}"))?;
-        if got != body {
-            return Err(format!("{name}: {c} holds {got:?}"));
-        }
-    }
-    let mode = fs::metadata(&exe).unwrap().permissions().mode();
-    if mode & 0o111 == 0 {
-        return Err(format!("{name}: executable lost its x bit"));
-    }
-    Ok(true)
-}
-
 #[test]
 fn installs_killed_at_random_moments_are_absent_or_complete() {
     let d = tempfile::tempdir_in("/var/tmp").unwrap();
     let s = d.path().join("storage");
     // A 4 MiB executable makes staging take long enough for kills to land at every step.
-    let m = package(&d.path().join("pkg"), "big", "1.0.0", 4 << 20);
+    let pkg = package(&d.path().join("pkg"), "big", "1.0.0", 4 << 20);
+    let m = &pkg.manifest;
     let mut rng = StdRng::seed_from_u64(99);
     // Time one install to aim the kills.
     let t = std::time::Instant::now();
@@ -191,7 +117,7 @@ fn installs_killed_at_random_moments_are_absent_or_complete() {
             rustix::process::Signal::KILL,
         );
         child.wait().unwrap();
-        match absent_or_complete(&s, "big", "1.0.0") {
+        match pkg.absent_or_complete(&s) {
             Ok(true) => complete += 1,
             Ok(false) => absent += 1,
             Err(why) => panic!("round {round}: half-installed object: {why}"),
@@ -210,7 +136,7 @@ fn installs_killed_at_random_moments_are_absent_or_complete() {
             let out =
                 run("ctx", &["object", "install", "--source", s.to_str().unwrap(), m.to_str().unwrap()]);
             assert_eq!(out.status.code(), Some(0), "round {round}: {}", text(&out.stderr));
-            assert_eq!(absent_or_complete(&s, "big", "1.0.0"), Ok(true));
+            assert_eq!(pkg.absent_or_complete(&s), Ok(true));
             run("ctx", &["object", "uninstall", "--source", s.to_str().unwrap(), "tool/big", "--yes"]);
         }
         let left: Vec<_> = fs::read_dir(s.join("tool")).unwrap().flatten().map(|e| e.file_name()).collect();

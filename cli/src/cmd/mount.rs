@@ -95,9 +95,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .map_err(|e| Exit::io(format!("cannot open storage {}", a.source.display()), &e))?;
     let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
     let mut signals = Signals::new([SIGINT, SIGTERM])?;
-    let mount = server::transport::fusedev::Mount::new(Arc::new(fs), mp, threads)
+    let pool = Arc::new(
+        server::transport::pool::Pool::new(threads)
+            .map_err(|e| Exit::new(exit::INTERNAL, format!("cannot start serving threads: {e}")))?,
+    );
+    let mount = pool
+        .mount(Arc::new(fs), mp)
         .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("cannot mount {}: {e}", mp.display())))?;
-    let views = Arc::new(server::control::Views::new(config));
+    let views = Arc::new(server::control::Views::new(config, Arc::clone(&pool)));
     server::control::listen(&a.control, Arc::clone(&views)).map_err(|e| {
         Exit::new(exit::UNAVAILABLE, format!("cannot listen on {}: {e}", a.control.display()))
     })?;
@@ -108,6 +113,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     views.shutdown();
     let _ = std::fs::remove_file(&a.control);
-    mount.unmount().map_err(|e| Exit::new(exit::FAILURE, format!("unmounting {}: {e}", mp.display())))?;
+    let unmounted = pool.unmount(mount);
+    drop(views);
+    if let Ok(pool) = Arc::try_unwrap(pool) {
+        pool.shutdown();
+    }
+    unmounted.map_err(|e| Exit::new(exit::FAILURE, format!("unmounting {}: {e}", mp.display())))?;
     Ok(())
 }

@@ -294,21 +294,50 @@ fn clean_stages(dir: &Path, name: &str) -> Vec<PathBuf> {
     left
 }
 
-/// Removes staging directories of `name` whose installing process is gone; returns them.
+/// The object a hidden staging or trash entry belongs to, and the pid that made it.
+fn hidden_owner(entry: &str) -> Option<(&str, Option<i32>)> {
+    if let Some(rest) = entry.strip_prefix(STAGE_PREFIX) {
+        // <name>.<pid>.<nanos>
+        let (front, _nanos) = rest.rsplit_once('.')?;
+        let (name, pid) = front.rsplit_once('.')?;
+        return Some((name, pid.parse().ok()));
+    }
+    let rest = entry.strip_prefix(TRASH_PREFIX)?;
+    // <name>.<pid> or <name>.d.<pid>
+    let (name, pid) = rest.rsplit_once('.')?;
+    Some((name.strip_suffix(".d").unwrap_or(name), pid.parse().ok()))
+}
+
+/// Removes staging and trash entries of `name` whose process is gone; returns them.
 fn stale_stages(dir: &Path, name: &str) -> Vec<PathBuf> {
-    let prefix = format!("{STAGE_PREFIX}{name}.");
     let mut out = Vec::new();
     let Ok(entries) = fs::read_dir(dir) else { return out };
     for e in entries.flatten() {
         let n = e.file_name().to_string_lossy().into_owned();
-        let Some(rest) = n.strip_prefix(&prefix) else { continue };
-        let pid = rest.split('.').next().and_then(|p| p.parse::<i32>().ok());
+        let Some((owner, pid)) = hidden_owner(&n) else { continue };
+        if owner != name {
+            continue;
+        }
         let alive = pid
             .and_then(rustix::process::Pid::from_raw)
             .is_some_and(|p| rustix::process::test_kill_process(p) != Err(Errno::SRCH));
-        if !alive && remove_tree(dir, &n).is_none() {
-            out.push(dir.join(&n));
+        if alive {
+            continue;
         }
+        let p = dir.join(&n);
+        let removed = if e.file_type().is_ok_and(|t| t.is_dir()) {
+            fs::remove_dir_all(&p)
+        } else {
+            fs::remove_file(&p)
+        };
+        if removed.is_ok() {
+            out.push(p);
+        }
+    }
+    if !out.is_empty()
+        && let Ok(fd) = open_dir(dir)
+    {
+        let _ = sync(&fd, dir);
     }
     out
 }
@@ -503,7 +532,7 @@ pub fn inspect(storage: &Path, class: ObjectClass, name: &str, tier: Tier) -> Re
         .into_iter()
         .filter(|p| {
             let n = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            n == format!("{name}.d") || n.starts_with(&format!("{STAGE_PREFIX}{name}."))
+            n == format!("{name}.d") || hidden_owner(&n).is_some_and(|(owner, _)| owner == name)
         })
         .collect();
     Ok(Inspection { path, installed, controls, has_previous, residue })

@@ -3,3 +3,4 @@
 //! beside it.
 
 pub mod fusedev;
+pub mod pool;

@@ -20,6 +20,24 @@
 //! - `SIGTERM`, `SIGINT`: unmount and exit 0. The parent's death sends `SIGTERM` too.
 //!
 //! It prints `ready` on stdout once mounted and `dropped` after each simulated power loss.
+//!
+//! Faults are injected by commands on stdin, one a line, each answered by one line on stdout once
+//! it is in effect (so a test that waits for the answer drives them synchronously). A *sync* is
+//! an `fsync` or `fdatasync` of a file or directory, or an `O_SYNC` or `O_DSYNC` write.
+//! - `eio on`, `eio off` (answer: the same words): while on, every sync fails with EIO and
+//!   makes nothing durable; an `O_SYNC`/`O_DSYNC` write still changes the current state, as a
+//!   buffered write whose writeback failed does. Nothing else fails.
+//! - `after N` (answer `armed N`, N >= 1): the Nth successful sync from now completes, then the
+//!   power is cut at once (as `SIGUSR1`) and the filesystem is *down*: every operation fails with
+//!   EIO until `restart` (but releasing a handle, which no caller waits for, and `statfs`). The
+//!   caller sees its sync succeed and then nothing else work, as if it had died with the machine.
+//! - `disarm` (answer `disarmed`): forgets an armed count that has not run out.
+//! - `restart` (answer `restarted`): clears the down state, like a reboot after the cut.
+//! - `status` (answer `status syncs=S armed=A down=D eio=E`): S successful syncs since mounting,
+//!   A syncs left before an armed cut (0 when not armed), D and E 1 or 0.
+//!
+//! Anything else is answered `error: ...`. End of input ends the commands, not the filesystem.
+//!
 //! Entry and attribute timeouts are zero and every open uses `FOPEN_DIRECT_IO`, so the kernel
 //! caches nothing that a power loss could make stale. Only regular files and directories exist;
 //! mode, owner and times are not part of the simulation (they change at once and never revert).
@@ -29,7 +47,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::CStr;
-use std::io::{self, Write};
+use std::io::{self, BufRead, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -140,11 +158,26 @@ struct Node {
     dur: Content,
 }
 
+/// Fault injection, set by the commands on stdin.
+#[derive(Debug, Default)]
+struct Faults {
+    /// Every sync fails with EIO and makes nothing durable.
+    eio: bool,
+    /// Successful syncs left until the power is cut, right after the last of them; 0 when
+    /// not armed.
+    armed: u64,
+    /// The power was cut: every operation fails with EIO until `restart`.
+    down: bool,
+    /// Successful syncs since mounting.
+    syncs: u64,
+}
+
 #[derive(Debug)]
 struct State {
     nodes: HashMap<u64, Node>,
     next_ino: u64,
     rng: StdRng,
+    faults: Faults,
 }
 
 /// The filesystem: one lock around all state.
@@ -339,11 +372,70 @@ impl State {
         data.write(at, bytes);
         let sync = libc::O_SYNC as u32;
         if flags & sync == sync {
-            node.sync(true);
+            self.sync(ino, true)?;
         } else if flags & libc::O_DSYNC as u32 != 0 {
-            node.sync(false);
+            self.sync(ino, false)?;
         }
         Ok(bytes.len())
+    }
+
+    /// One sync of `ino`. In EIO mode it fails and makes nothing durable; otherwise it makes the
+    /// node durable, is counted, and cuts the power when it is the last one an armed count
+    /// waits for.
+    fn sync(&mut self, ino: u64, with_xattrs: bool) -> io::Result<()> {
+        if self.faults.eio {
+            self.node(ino)?;
+            return Err(err(libc::EIO));
+        }
+        self.node_mut(ino)?.sync(with_xattrs);
+        self.faults.syncs += 1;
+        if self.faults.armed > 0 {
+            self.faults.armed -= 1;
+            if self.faults.armed == 0 {
+                self.lose_power(false);
+                self.faults.down = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one command read on stdin; returns the answer.
+    fn command(&mut self, line: &str) -> String {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let f = &mut self.faults;
+        match words[..] {
+            ["eio", "on"] => {
+                f.eio = true;
+                "eio on".into()
+            }
+            ["eio", "off"] => {
+                f.eio = false;
+                "eio off".into()
+            }
+            ["after", n] => match n.parse::<u64>() {
+                Ok(n) if n > 0 => {
+                    f.armed = n;
+                    format!("armed {n}")
+                }
+                _ => format!("error: after takes a count of syncs of at least 1, not {n:?}"),
+            },
+            ["disarm"] => {
+                f.armed = 0;
+                "disarmed".into()
+            }
+            ["restart"] => {
+                f.down = false;
+                "restarted".into()
+            }
+            ["status"] => format!(
+                "status syncs={} armed={} down={} eio={}",
+                f.syncs,
+                f.armed,
+                u8::from(f.down),
+                u8::from(f.eio)
+            ),
+            _ => format!("error: unknown command {line:?}"),
+        }
     }
 
     fn lose_power(&mut self, torn: bool) {
@@ -359,12 +451,23 @@ impl PowerlossFs {
         let mut nodes = HashMap::new();
         nodes.insert(ROOT_ID, Node::new(true, 0o755, 0, 0));
         PowerlossFs {
-            state: Mutex::new(State { nodes, next_ino: ROOT_ID + 1, rng: StdRng::seed_from_u64(seed) }),
+            state: Mutex::new(State {
+                nodes,
+                next_ino: ROOT_ID + 1,
+                rng: StdRng::seed_from_u64(seed),
+                faults: Faults::default(),
+            }),
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The state, unless the power is cut: then EIO, for every operation.
+    fn live(&self) -> io::Result<MutexGuard<'_, State>> {
+        let st = self.lock();
+        if st.faults.down { Err(err(libc::EIO)) } else { Ok(st) }
     }
 }
 
@@ -386,13 +489,13 @@ impl FileSystem for PowerlossFs {
     }
 
     fn lookup(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
-        let st = self.lock();
+        let st = self.live()?;
         let ino = st.child(parent, name)?;
         Ok(st.node(ino)?.entry(ino))
     }
 
     fn getattr(&self, _ctx: &Context, ino: u64, _h: Option<u64>) -> io::Result<(stat64, Duration)> {
-        Ok((self.lock().node(ino)?.attr(ino), Duration::ZERO))
+        Ok((self.live()?.node(ino)?.attr(ino), Duration::ZERO))
     }
 
     fn setattr(
@@ -403,7 +506,7 @@ impl FileSystem for PowerlossFs {
         _h: Option<u64>,
         valid: SetattrValid,
     ) -> io::Result<(stat64, Duration)> {
-        let mut st = self.lock();
+        let mut st = self.live()?;
         if valid.contains(SetattrValid::SIZE) {
             let len = usize::try_from(attr.st_size).map_err(|_| err(libc::EINVAL))?;
             if len > MAX_FILE {
@@ -444,19 +547,19 @@ impl FileSystem for PowerlossFs {
         if mode & libc::S_IFMT != libc::S_IFREG {
             return Err(err(libc::EPERM));
         }
-        self.lock().make(ctx, parent, name, false, mode & !umask)
+        self.live()?.make(ctx, parent, name, false, mode & !umask)
     }
 
     fn mkdir(&self, ctx: &Context, parent: u64, name: &CStr, mode: u32, umask: u32) -> io::Result<Entry> {
-        self.lock().make(ctx, parent, name, true, mode & !umask)
+        self.live()?.make(ctx, parent, name, true, mode & !umask)
     }
 
     fn unlink(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
-        self.lock().remove(parent, name, false)
+        self.live()?.remove(parent, name, false)
     }
 
     fn rmdir(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
-        self.lock().remove(parent, name, true)
+        self.live()?.remove(parent, name, true)
     }
 
     fn rename(
@@ -468,7 +571,7 @@ impl FileSystem for PowerlossFs {
         newname: &CStr,
         flags: u32,
     ) -> io::Result<()> {
-        self.lock().rename(olddir, oldname, newdir, newname, flags)
+        self.live()?.rename(olddir, oldname, newdir, newname, flags)
     }
 
     fn open(
@@ -478,7 +581,7 @@ impl FileSystem for PowerlossFs {
         _flags: u32,
         _fuse_flags: u32,
     ) -> io::Result<(Option<u64>, OpenOptions, Option<u32>)> {
-        if self.lock().node(ino)?.dir {
+        if self.live()?.node(ino)?.dir {
             return Err(err(libc::EISDIR));
         }
         Ok((None, OpenOptions::DIRECT_IO, None))
@@ -491,7 +594,7 @@ impl FileSystem for PowerlossFs {
         name: &CStr,
         args: CreateIn,
     ) -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)> {
-        let entry = self.lock().make(ctx, parent, name, false, args.mode & !args.umask)?;
+        let entry = self.live()?.make(ctx, parent, name, false, args.mode & !args.umask)?;
         Ok((entry, None, OpenOptions::DIRECT_IO, None))
     }
 
@@ -507,7 +610,7 @@ impl FileSystem for PowerlossFs {
         _flags: u32,
     ) -> io::Result<usize> {
         let chunk = {
-            let st = self.lock();
+            let st = self.live()?;
             let node = st.node(ino)?;
             if node.dir {
                 return Err(err(libc::EISDIR));
@@ -535,16 +638,15 @@ impl FileSystem for PowerlossFs {
         // Finish reading the request before taking the lock (and before any reply is written).
         let mut buf = vec![0u8; size as usize];
         r.read_exact(&mut buf)?;
-        self.lock().write(ino, offset, &buf, flags)
+        self.live()?.write(ino, offset, &buf, flags)
     }
 
     fn flush(&self, _ctx: &Context, _ino: u64, _h: u64, _lock_owner: u64) -> io::Result<()> {
-        Ok(())
+        self.live().map(drop)
     }
 
     fn fsync(&self, _ctx: &Context, ino: u64, datasync: bool, _h: u64) -> io::Result<()> {
-        self.lock().node_mut(ino)?.sync(!datasync);
-        Ok(())
+        self.live()?.sync(ino, !datasync)
     }
 
     fn fallocate(
@@ -556,6 +658,7 @@ impl FileSystem for PowerlossFs {
         _off: u64,
         _len: u64,
     ) -> io::Result<()> {
+        drop(self.live()?);
         Err(err(libc::EOPNOTSUPP))
     }
 
@@ -573,7 +676,7 @@ impl FileSystem for PowerlossFs {
     }
 
     fn setxattr(&self, _ctx: &Context, ino: u64, name: &CStr, value: &[u8], flags: u32) -> io::Result<()> {
-        let mut st = self.lock();
+        let mut st = self.live()?;
         let xattrs = &mut st.node_mut(ino)?.cur.xattrs;
         let exists = xattrs.contains_key(name.to_bytes());
         if flags & libc::XATTR_CREATE as u32 != 0 && exists {
@@ -587,14 +690,14 @@ impl FileSystem for PowerlossFs {
     }
 
     fn getxattr(&self, _ctx: &Context, ino: u64, name: &CStr, size: u32) -> io::Result<GetxattrReply> {
-        let st = self.lock();
+        let st = self.live()?;
         let value = st.node(ino)?.cur.xattrs.get(name.to_bytes()).ok_or_else(|| err(libc::ENODATA))?;
         let len = xattr_reply(value, size)?;
         Ok(if size == 0 { GetxattrReply::Count(len) } else { GetxattrReply::Value(value.clone()) })
     }
 
     fn listxattr(&self, _ctx: &Context, ino: u64, size: u32) -> io::Result<ListxattrReply> {
-        let st = self.lock();
+        let st = self.live()?;
         let mut names = Vec::new();
         for name in st.node(ino)?.cur.xattrs.keys() {
             names.extend_from_slice(name);
@@ -605,7 +708,7 @@ impl FileSystem for PowerlossFs {
     }
 
     fn removexattr(&self, _ctx: &Context, ino: u64, name: &CStr) -> io::Result<()> {
-        let mut st = self.lock();
+        let mut st = self.live()?;
         match st.node_mut(ino)?.cur.xattrs.remove(name.to_bytes()) {
             Some(_) => Ok(()),
             None => Err(err(libc::ENODATA)),
@@ -613,7 +716,7 @@ impl FileSystem for PowerlossFs {
     }
 
     fn opendir(&self, _ctx: &Context, ino: u64, _flags: u32) -> io::Result<(Option<u64>, OpenOptions)> {
-        self.lock().dir(ino)?;
+        self.live()?.dir(ino)?;
         Ok((None, OpenOptions::empty()))
     }
 
@@ -628,7 +731,7 @@ impl FileSystem for PowerlossFs {
     ) -> io::Result<()> {
         // Snapshot the listing, then emit without the lock. The cookie of entry i is i + 1.
         let listing: Vec<(Vec<u8>, u64, bool)> = {
-            let st = self.lock();
+            let st = self.live()?;
             let dir = st.dir(ino)?;
             let mut v = vec![(b".".to_vec(), ino, true), (b"..".to_vec(), ROOT_ID, true)];
             for (name, &child) in &dir.cur.entries {
@@ -652,8 +755,9 @@ impl FileSystem for PowerlossFs {
     }
 
     fn fsyncdir(&self, _ctx: &Context, ino: u64, datasync: bool, _h: u64) -> io::Result<()> {
-        self.lock().dir_mut(ino)?.sync(!datasync);
-        Ok(())
+        let mut st = self.live()?;
+        st.dir(ino)?;
+        st.sync(ino, !datasync)
     }
 
     fn releasedir(&self, _ctx: &Context, _ino: u64, _flags: u32, _h: u64) -> io::Result<()> {
@@ -726,6 +830,17 @@ fn serve(server: &Server<Arc<PowerlossFs>>, mut ch: FuseChannel, stopping: &Atom
     }
 }
 
+/// Answers the commands on stdin until it ends.
+fn control(fs: &PowerlossFs) {
+    for line in io::stdin().lock().lines() {
+        let Ok(line) = line else { return };
+        if !line.trim().is_empty() {
+            let answer = fs.lock().command(&line);
+            say(&answer);
+        }
+    }
+}
+
 fn say(word: &str) {
     let mut out = io::stdout().lock();
     // The test reads these lines; if it is gone there is nobody left to tell.
@@ -763,6 +878,11 @@ fn run(mountpoint: PathBuf, seed: u64) -> Result<(), String> {
         threads.push(t);
     }
     say("ready");
+    let control_fs = Arc::clone(&fs);
+    std::thread::Builder::new()
+        .name("control".into())
+        .spawn(move || control(&control_fs))
+        .map_err(|e| format!("spawning the control thread: {e}"))?;
     loop {
         match sys::wait(&signals).map_err(|e| format!("sigwait: {e}"))? {
             libc::SIGUSR1 => {
