@@ -1,0 +1,90 @@
+//! Many agent views from one daemon: threads and memory per view.
+//!
+//! Mounts the host view plus N agent views of one storage in this process, all served by one
+//! thread pool (as `ctx mount` does), touches every view, and reports the thread count and the
+//! resident memory growth per view. Needs root and /dev/fuse. `CORTEXFS_BENCH_VIEWS` sets N
+//! (default 1000).
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Instant;
+
+use server::transport::pool::Pool;
+use server::{Config, CtxFs, ViewSpec};
+
+fn status_field(name: &str) -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find_map(|l| {
+            l.strip_prefix(name).map(|v| v.split_whitespace().next().unwrap_or("0").parse().unwrap_or(0))
+        })
+        .unwrap_or(0)
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list" || a == "--test") {
+        return;
+    }
+    if !rustix::process::geteuid().is_root() || !std::path::Path::new("/dev/fuse").exists() {
+        println!("server_views: needs root and /dev/fuse; not run");
+        return;
+    }
+    let n: usize = std::env::var("CORTEXFS_BENCH_VIEWS").ok().and_then(|s| s.parse().ok()).unwrap_or(1000);
+    let cores = std::thread::available_parallelism().map_or(2, |c| c.get());
+    let dir = tempfile::tempdir_in("/var/tmp").expect("dir");
+    let storage = dir.path().join("storage");
+    let config = Config {
+        storage: storage.clone(),
+        bins: Vec::new(),
+        view: None,
+        view_count: Arc::new(AtomicU64::new(0)),
+    };
+    // One agent with a label and a policy, as views are usually of real agents.
+    std::fs::create_dir_all(storage.join("agent/coder.d")).expect("agent dir");
+    std::fs::write(storage.join("agent/coder"), b"#!/bin/sh\n").expect("agent");
+    std::fs::write(storage.join("agent/coder.d/label"), b"coder_t\n").expect("label");
+    std::fs::write(storage.join("agent/coder.d/policy"), b"allow coder_t tool:hello execute\n")
+        .expect("policy");
+    let pool = Pool::new(cores).expect("pool");
+    let host_mnt = dir.path().join("host");
+    std::fs::create_dir(&host_mnt).expect("mnt");
+    let host = pool.mount(Arc::new(CtxFs::new(config.clone()).expect("fs")), &host_mnt).expect("mount");
+    let _ = std::fs::read(host_mnt.join("status"));
+    let threads0 = status_field("Threads:");
+    let rss0 = status_field("VmRSS:");
+    let t = Instant::now();
+    let mut views = Vec::with_capacity(n);
+    for i in 0..n {
+        let p = dir.path().join(format!("v{i}"));
+        std::fs::create_dir(&p).expect("view dir");
+        let spec = ViewSpec { agent: "coder".into(), session: format!("s{i}") };
+        let fs = CtxFs::new(Config { view: Some(spec), ..config.clone() }).expect("fs");
+        views.push((pool.mount(Arc::new(fs), &p).expect("mount view"), p));
+    }
+    let created = t.elapsed();
+    let t = Instant::now();
+    for (_, p) in &views {
+        std::fs::read(p.join("status")).expect("view answers");
+        let _ = std::fs::read_dir(p.join("tool")).expect("tool/").count();
+    }
+    let touched = t.elapsed();
+    let threads = status_field("Threads:");
+    let rss = status_field("VmRSS:");
+    println!(
+        "| views | serving threads | process threads | limit (2 x cores + 4) | RSS growth per view | create | touch all |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| {n} | {} | {threads} (was {threads0}) | {} | {:.1} KiB | {:.2} ms/view | {:.2} ms/view |",
+        pool.threads(),
+        2 * cores + 4,
+        (rss.saturating_sub(rss0)) as f64 / n as f64,
+        created.as_secs_f64() * 1e3 / n as f64,
+        touched.as_secs_f64() * 1e3 / n as f64
+    );
+    for (a, _) in views {
+        pool.unmount(a).expect("unmount view");
+    }
+    pool.unmount(host).expect("unmount");
+    pool.shutdown();
+}
