@@ -362,6 +362,14 @@ pub fn residue(storage: &Path, class: ObjectClass, tier: Tier) -> Result<Vec<Pat
     Ok(out)
 }
 
+/// Checks `name` and opens the directory its class lives in.
+fn object_dir(storage: &Path, class: ObjectClass, name: &str, tier: Tier) -> Result<(PathBuf, OwnedFd)> {
+    policy::name::validate(name).map_err(|e| Error::Invalid(format!("invalid name {name:?}: {e}")))?;
+    let dir = class_dir(storage, class, tier)?;
+    let dfd = open_dir(&dir)?;
+    Ok((dir, dfd))
+}
+
 /// One step of a plan, as shown by a dry run.
 pub type Step = String;
 
@@ -374,9 +382,7 @@ pub fn uninstall(
     tier: Tier,
     dry_run: bool,
 ) -> Result<Vec<Step>> {
-    policy::name::validate(name).map_err(|e| Error::Invalid(format!("invalid name {name:?}: {e}")))?;
-    let dir = class_dir(storage, class, tier)?;
-    let dfd = open_dir(&dir)?;
+    let (dir, dfd) = object_dir(storage, class, name, tier)?;
     let ctl = format!("{name}.d");
     let has_exe = exists_at(&dfd, name, &dir)?;
     let has_ctl = exists_at(&dfd, &ctl, &dir)?;
@@ -464,9 +470,7 @@ pub fn rollback(
     tier: Tier,
     dry_run: bool,
 ) -> Result<Vec<Step>> {
-    policy::name::validate(name).map_err(|e| Error::Invalid(format!("invalid name {name:?}: {e}")))?;
-    let dir = class_dir(storage, class, tier)?;
-    let dfd = open_dir(&dir)?;
+    let (dir, dfd) = object_dir(storage, class, name, tier)?;
     let prev = format!("{PREV_PREFIX}{name}");
     let ctl = format!("{name}.d");
     if !exists_at(&dfd, &prev, &dir)? {
