@@ -1,5 +1,17 @@
-//! The CortexFS terminal owner.
+//! The CortexFS terminal owner (spec §7).
 //!
-//! It will hold the PTY owner with its `watch`/`attach` session socket, the sandbox launch
-//! (bubblewrap, pasta) and the launch profiles of hosted agent CLIs. It talks to `/ctx` as files
-//! and sockets and never links the server. Depends on `policy` only.
+//! `ctxterm` owns the PTY and the lifecycle of one child (tsh by default, or a given command),
+//! and serves the session socket: a client sends one mode line, then raw PTY bytes flow.
+//! `watch\n` receives output only; `attach\n` receives output and writes to the PTY. Up to 16
+//! clients; a late client first gets a bounded scrollback. Window size and signals are forwarded
+//! to the child; ctxterm exits with the child's status and leaves no process behind.
+//!
+//! - [`ring`]: the bounded scrollback.
+//! - [`term`]: the PTY, the child and the socket server.
+//! - `sys`: the raw calls around `fork`.
+//!
+//! It talks to `/ctx` as files and sockets and never links the server. Depends on `policy`.
+
+pub mod ring;
+mod sys;
+pub mod term;

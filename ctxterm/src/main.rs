@@ -1,0 +1,61 @@
+//! `ctxterm`: own a PTY, run a child on it (tsh by default), serve watch/attach clients on the
+//! session socket, exit with the child's status.
+//!
+//! Exit codes: the child's status (128 + signal when it was killed); 2 usage; 69 when the
+//! command cannot be started; 70 internal error.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use ctxterm::term::{self, Options};
+
+/// Own a terminal: run CMD (default: tsh) on a new PTY and serve it on SOCKET.
+///
+/// Clients connect to SOCKET and send one line: `watch` (output only) or `attach` (output and
+/// input). Late clients get the recent scrollback first.
+#[derive(Debug, Parser)]
+#[command(name = "ctxterm", version, about)]
+struct Cli {
+    /// The session socket to listen on (created with mode 0600).
+    #[arg(long)]
+    socket: PathBuf,
+    /// Scrollback kept for late clients, in bytes.
+    #[arg(long, default_value_t = term::DEFAULT_SCROLLBACK)]
+    scrollback: usize,
+    /// Initial window size as COLSxROWS.
+    #[arg(long, value_parser = parse_size)]
+    size: Option<(u16, u16)>,
+    /// The command to run.
+    #[arg(last = true)]
+    command: Vec<String>,
+}
+
+fn parse_size(s: &str) -> Result<(u16, u16), String> {
+    let (c, r) = s.split_once('x').ok_or("expected COLSxROWS")?;
+    Ok((c.parse().map_err(|_| "bad columns")?, r.parse().map_err(|_| "bad rows")?))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let command = if cli.command.is_empty() { vec!["tsh".to_owned()] } else { cli.command };
+    let opts = Options { socket: cli.socket, command, scrollback: cli.scrollback, size: cli.size };
+    match term::run(&opts) {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(term::RunError::Spawn(e)) => {
+            eprintln!("ctxterm: cannot run {}: {e}", opts.command[0]);
+            ExitCode::from(69)
+        }
+        Err(term::RunError::Io(e)) => {
+            eprintln!("ctxterm: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! The PTY, the child, and the session socket.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
+use rustix::termios::Winsize;
+
+use crate::ring::Ring;
+
+/// Most clients at once.
+pub const MAX_CLIENTS: usize = 16;
+/// Default scrollback in bytes.
+pub const DEFAULT_SCROLLBACK: usize = 64 * 1024;
+/// Chunks queued for one client before it is dropped as too slow.
+const CLIENT_QUEUE: usize = 1024;
+
+/// What to run and where to listen.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The session socket.
+    pub socket: PathBuf,
+    /// The command; the first word is the program.
+    pub command: Vec<String>,
+    /// Scrollback kept for late clients, in bytes.
+    pub scrollback: usize,
+    /// Initial window size (columns, rows).
+    pub size: Option<(u16, u16)>,
+}
+
+/// Client modes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Output only.
+    Watch,
+    /// Output and input.
+    Attach,
+}
+
+#[derive(Debug)]
+struct State {
+    ring: Ring,
+    clients: Vec<(u64, SyncSender<Arc<[u8]>>)>,
+    next: u64,
+    closed: bool,
+}
+
+/// Why ctxterm could not run.
+#[derive(Debug)]
+pub enum RunError {
+    /// The command could not be started.
+    Spawn(io::Error),
+    /// Anything else (PTY, socket).
+    Io(io::Error),
+}
+
+impl From<io::Error> for RunError {
+    fn from(e: io::Error) -> RunError {
+        RunError::Io(e)
+    }
+}
+
+impl From<rustix::io::Errno> for RunError {
+    fn from(e: rustix::io::Errno) -> RunError {
+        RunError::Io(e.into())
+    }
+}
+
+/// Runs the child on a new PTY and serves the socket until the child exits; returns the exit
+/// code to use (the child's, or 128 + its signal).
+pub fn run(opts: &Options) -> Result<i32, RunError> {
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))?;
+    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
+    grantpt(&master)?;
+    unlockpt(&master)?;
+    let name = ptsname(&master, Vec::new())?;
+    let slave = rustix::fs::open(
+        name.as_c_str(),
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::NOCTTY,
+        rustix::fs::Mode::empty(),
+    )?;
+    if let Some((cols, rows)) = opts.size {
+        rustix::termios::tcsetwinsize(
+            &master,
+            Winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 },
+        )?;
+    }
+    let program = opts.command.first().ok_or_else(|| RunError::Spawn(io::Error::other("no command")))?;
+    let mut cmd = Command::new(program);
+    cmd.args(&opts.command[1..])
+        .stdin(Stdio::from(File::from(slave.try_clone()?)))
+        .stdout(Stdio::from(File::from(slave.try_clone()?)))
+        .stderr(Stdio::from(File::from(slave.try_clone()?)));
+    crate::sys::controlling_tty(&mut cmd, &slave);
+    let mut child = cmd.spawn().map_err(RunError::Spawn)?;
+    // The command holds our copies of the slave side; the PTY reports end of output only when
+    // every copy is closed.
+    drop(cmd);
+    drop(slave);
+    let pid = rustix::process::Pid::from_child(&child);
+
+    let _ = std::fs::remove_file(&opts.socket);
+    let listener = UnixListener::bind(&opts.socket)?;
+    std::fs::set_permissions(&opts.socket, std::fs::Permissions::from_mode(0o600))?;
+    let master = File::from(master);
+    let state = Arc::new(Mutex::new(State {
+        ring: Ring::new(opts.scrollback),
+        clients: Vec::new(),
+        next: 0,
+        closed: false,
+    }));
+
+    let reader = {
+        let (mut m, state) = (master.try_clone()?, Arc::clone(&state));
+        std::thread::Builder::new().name("pty".into()).spawn(move || pump(&mut m, &state))?
+    };
+    {
+        let (m, state) = (master.try_clone()?, Arc::clone(&state));
+        std::thread::Builder::new().name("accept".into()).spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let (m, state) = (m.try_clone(), Arc::clone(&state));
+                let Ok(m) = m else { continue };
+                let _ =
+                    std::thread::Builder::new().name("client".into()).spawn(move || serve(stream, m, &state));
+            }
+        })?;
+    }
+    forward_signals(pid, master.try_clone()?)?;
+
+    let status = child.wait()?;
+    // No orphans: whatever the child left in its session goes too, then every descendant
+    // reparented to us is reaped.
+    let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    while let Ok(Some(_)) = rustix::process::wait(rustix::process::WaitOptions::empty()) {}
+    let _ = reader.join();
+    if let Ok(mut st) = state.lock() {
+        st.closed = true;
+        st.clients.clear(); // dropping the senders ends the writer threads after they flush
+    }
+    let _ = std::fs::remove_file(&opts.socket);
+    std::thread::sleep(Duration::from_millis(50));
+    Ok(match (status.code(), std::os::unix::process::ExitStatusExt::signal(&status)) {
+        (Some(c), _) => c,
+        (None, Some(s)) => 128 + s,
+        (None, None) => 1,
+    })
+}
+
+/// Copies PTY output into the scrollback and to every client, until the PTY closes.
+fn pump(master: &mut File, state: &Mutex<State>) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match master.read(&mut buf) {
+            Ok(0) | Err(_) => return, // EIO: every holder of the slave side is gone
+            Ok(n) => n,
+        };
+        let chunk: Arc<[u8]> = Arc::from(&buf[..n]);
+        let Ok(mut st) = state.lock() else { return };
+        st.ring.push(&chunk);
+        // A client that cannot keep up is dropped rather than stalling the terminal.
+        st.clients.retain(|(_, tx)| match tx.try_send(Arc::clone(&chunk)) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+        });
+    }
+}
+
+/// Reads the mode line: `watch\n` or `attach\n`.
+fn mode(stream: &mut UnixStream) -> io::Result<Mode> {
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    while line.len() < 16 {
+        stream.read_exact(&mut b)?;
+        if b[0] == b'\n' {
+            stream.set_read_timeout(None)?;
+            return match &line[..] {
+                b"watch" => Ok(Mode::Watch),
+                b"attach" => Ok(Mode::Attach),
+                _ => Err(io::Error::new(io::ErrorKind::InvalidInput, "unknown mode (watch or attach)")),
+            };
+        }
+        line.push(b[0]);
+    }
+    Err(io::Error::new(io::ErrorKind::InvalidInput, "mode line too long"))
+}
+
+fn serve(mut stream: UnixStream, mut master: File, state: &Mutex<State>) {
+    let m = match mode(&mut stream) {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = writeln!(stream, "ctxterm: {e}");
+            return;
+        }
+    };
+    let (tx, rx) = sync_channel::<Arc<[u8]>>(CLIENT_QUEUE);
+    let snapshot = {
+        let Ok(mut st) = state.lock() else { return };
+        if st.closed {
+            let _ = writeln!(stream, "ctxterm: the terminal has exited");
+            return;
+        }
+        if st.clients.len() >= MAX_CLIENTS {
+            let _ = writeln!(stream, "ctxterm: too many clients ({MAX_CLIENTS})");
+            return;
+        }
+        let id = st.next;
+        st.next += 1;
+        st.clients.push((id, tx));
+        st.ring.snapshot()
+    };
+    let Ok(mut out) = stream.try_clone() else { return };
+    let writer = std::thread::spawn(move || {
+        if out.write_all(&snapshot).is_err() {
+            return;
+        }
+        for chunk in rx {
+            if out.write_all(&chunk).is_err() {
+                return;
+            }
+        }
+        let _ = out.shutdown(std::net::Shutdown::Write);
+    });
+    match m {
+        Mode::Attach => {
+            // Input goes to the PTY as it comes.
+            let mut buf = [0u8; 4096];
+            loop {
+                match stream.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if master.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        Mode::Watch => {
+            // A watcher cannot type: its input is read and discarded.
+            let mut sink = [0u8; 4096];
+            while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
+        }
+    }
+    let _ = writer.join();
+}
+
+/// Forwards termination and job-control signals to the child's process group, and the window
+/// size of ctxterm's own terminal (when it has one) to the PTY.
+fn forward_signals(pid: rustix::process::Pid, master: File) -> io::Result<()> {
+    use signal_hook::consts::*;
+    let mut signals =
+        signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH])?;
+    std::thread::Builder::new().name("signals".into()).spawn(move || {
+        for sig in signals.forever() {
+            if sig == SIGWINCH {
+                if let Ok(ws) = rustix::termios::tcgetwinsize(std::io::stdin()) {
+                    let _ = rustix::termios::tcsetwinsize(&master, ws);
+                }
+                continue;
+            }
+            if let Some(s) = rustix::process::Signal::from_named_raw(sig) {
+                let _ = rustix::process::kill_process_group(pid, s);
+            }
+        }
+    })?;
+    Ok(())
+}
