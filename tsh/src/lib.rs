@@ -1,7 +1,11 @@
 //! The CortexFS tool shell.
 //!
-//! It will hold `CTX_PATH` resolution, the W-TinyLFU resolution cache, `load`/`pin` of tool
-//! metadata and tool runs that append `tool.call` events. It talks to `/ctx` as files, like any
-//! client, and never links the server. Depends on `policy` only.
+//! - [`cache`]: the W-TinyLFU resolution cache (tool name to resolved path), with pinning.
+//!
+//! It will also hold `CTX_PATH` resolution, `load`/`pin` of tool metadata and tool runs that
+//! append `tool.call` events. It talks to `/ctx` as files, like any client, and never links the
+//! server. Depends on `policy` only (plus small data-structure crates).
 
 #![forbid(unsafe_code)]
+
+pub mod cache;
