@@ -19,6 +19,7 @@ demo:
 
 test:
 	@scripts/install-deps test
+	@CARGO="$(CARGO)" scripts/install-test-tools
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) build --workspace --bins

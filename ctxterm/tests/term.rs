@@ -91,8 +91,9 @@ fn at_most_16_clients_and_bad_modes_refused() {
 #[test]
 fn signals_reach_the_child_and_nothing_is_left_behind() {
     let d = tempfile::tempdir().unwrap();
-    let marker = format!("ctxterm-orphan-{}", std::process::id());
-    let script = format!("sh -c 'exec -a {marker} sleep 300' & echo started; wait");
+    // A grandchild in the background, recognisable by its unusual sleep time.
+    let marker = format!("sleep {}", 7000 + std::process::id() % 1000);
+    let script = format!("sh -c '{marker}' & echo started; wait");
     let (mut child, sock) = start(d.path(), &["--", "sh", "-c", &script]);
     let mut w = connect(&sock, "watch");
     read_until(&mut w, "started");

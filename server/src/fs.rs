@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::ffi::CStr;
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -69,30 +69,67 @@ pub struct Config {
     pub view_count: Arc<AtomicU64>,
 }
 
+/// One inode the kernel knows.
+#[derive(Debug)]
+struct Node {
+    /// The storage paths that reach it: the first serves requests, more than one for hard links,
+    /// none once unlinked (then only its open handles reach it).
+    paths: Vec<PathBuf>,
+    /// Kernel lookups not yet forgotten.
+    lookups: u64,
+    /// The backing file's `(st_dev, st_ino)`, so that hard links share one inode.
+    key: Option<(u64, u64)>,
+}
+
 #[derive(Debug)]
 struct Inodes {
-    paths: HashMap<u64, (PathBuf, u64)>,
+    nodes: HashMap<u64, Node>,
     by_path: HashMap<PathBuf, u64>,
+    by_key: HashMap<(u64, u64), u64>,
     next: u64,
 }
 
 impl Inodes {
+    /// The path that serves requests for `ino`: ENOENT once unlinked, ESTALE when forgotten.
     fn get(&self, ino: u64) -> io::Result<PathBuf> {
-        self.paths.get(&ino).map(|(p, _)| p.clone()).ok_or_else(|| err(libc::ESTALE))
+        let node = self.nodes.get(&ino).ok_or_else(|| err(libc::ESTALE))?;
+        node.paths.first().cloned().ok_or_else(|| err(libc::ENOENT))
     }
 
-    /// The inode of `rel`, counting one more kernel lookup.
-    fn remember(&mut self, rel: &Path) -> u64 {
+    /// A path of the known inode of backing file `key`, if any.
+    fn path_of_key(&self, key: (u64, u64)) -> Option<PathBuf> {
+        self.nodes.get(self.by_key.get(&key)?)?.paths.first().cloned()
+    }
+
+    /// The inode of `rel`, whose `lstat` is `st`, counting one more kernel lookup. With `linked`
+    /// (the caller checked that the known inode of the same backing file is still reached by its
+    /// path), a path that names another hard link of a known file gets that file's inode.
+    fn remember(&mut self, rel: &Path, st: &rustix::fs::Stat, linked: bool) -> u64 {
+        let key = (st.st_dev, st.st_ino);
         if let Some(&ino) = self.by_path.get(rel) {
-            if let Some(e) = self.paths.get_mut(&ino) {
-                e.1 += 1;
+            if let Some(node) = self.nodes.get_mut(&ino)
+                && node.key.is_none_or(|k| k == key)
+            {
+                node.lookups += 1;
+                return ino;
             }
+            // The path was replaced behind the server's back: it names a new file now.
+            self.detach(rel);
+        }
+        if linked
+            && let Some(&ino) = self.by_key.get(&key)
+            && let Some(node) = self.nodes.get_mut(&ino)
+        {
+            node.paths.push(rel.to_path_buf());
+            node.lookups += 1;
+            self.by_path.insert(rel.to_path_buf(), ino);
             return ino;
         }
         let ino = self.next;
         self.next += 1;
-        self.paths.insert(ino, (rel.to_path_buf(), 1));
+        self.nodes.insert(ino, Node { paths: vec![rel.to_path_buf()], lookups: 1, key: Some(key) });
         self.by_path.insert(rel.to_path_buf(), ino);
+        self.by_key.insert(key, ino);
         ino
     }
 
@@ -100,31 +137,53 @@ impl Inodes {
         if ino < DYNAMIC_FIRST {
             return;
         }
-        if let Some(e) = self.paths.get_mut(&ino) {
-            e.1 = e.1.saturating_sub(n);
-            if e.1 == 0 {
-                let (p, _) = self.paths.remove(&ino).expect("present");
+        let Some(node) = self.nodes.get_mut(&ino) else { return };
+        node.lookups = node.lookups.saturating_sub(n);
+        if node.lookups > 0 {
+            return;
+        }
+        let node = self.nodes.remove(&ino).expect("present");
+        for p in node.paths {
+            if self.by_path.get(&p) == Some(&ino) {
                 self.by_path.remove(&p);
             }
         }
+        if let Some(k) = node.key
+            && self.by_key.get(&k) == Some(&ino)
+        {
+            self.by_key.remove(&k);
+        }
     }
 
-    /// After a rename, `from` and everything below it live at `to`.
+    /// `rel` no longer names its inode (unlinked, or replaced by a rename).
+    fn detach(&mut self, rel: &Path) {
+        let Some(ino) = self.by_path.remove(rel) else { return };
+        let Some(node) = self.nodes.get_mut(&ino) else { return };
+        node.paths.retain(|p| p != rel);
+        if node.paths.is_empty()
+            && let Some(k) = node.key
+            && self.by_key.get(&k) == Some(&ino)
+        {
+            // The file may be gone; its backing inode number may be reused.
+            self.by_key.remove(&k);
+        }
+    }
+
+    /// After a rename, `from` and everything below it live at `to`; what `to` named is gone.
     fn moved(&mut self, from: &Path, to: &Path) {
+        self.detach(to);
         let affected: Vec<(PathBuf, u64)> =
             self.by_path.iter().filter(|(p, _)| p.starts_with(from)).map(|(p, &i)| (p.clone(), i)).collect();
-        // An entry replaced at the destination is gone.
-        if let Some(old) = self.by_path.remove(to) {
-            self.paths.remove(&old);
-        }
         for (p, ino) in affected {
             let rest = p.strip_prefix(from).expect("filtered by prefix");
             // `join("")` would add a trailing slash.
             let new = if rest.as_os_str().is_empty() { to.to_path_buf() } else { to.join(rest) };
             self.by_path.remove(&p);
             self.by_path.insert(new.clone(), ino);
-            if let Some(e) = self.paths.get_mut(&ino) {
-                e.0 = new;
+            if let Some(node) = self.nodes.get_mut(&ino) {
+                for q in node.paths.iter_mut().filter(|q| **q == p) {
+                    q.clone_from(&new);
+                }
             }
         }
     }
@@ -144,6 +203,9 @@ enum Handle {
     /// A directory listing snapshot: name, inode hint, type.
     Dir(Vec<(Vec<u8>, u64, u32)>),
 }
+
+/// An open handle: the inode it was opened on, and its state.
+type Opened = (u64, Arc<Mutex<Handle>>);
 
 /// Request counters by operation.
 #[derive(Debug, Default)]
@@ -169,7 +231,7 @@ pub struct CtxFs {
     storage: Storage,
     bins: Vec<(String, PathBuf)>,
     inodes: Mutex<Inodes>,
-    handles: Mutex<HashMap<u64, Arc<Mutex<Handle>>>>,
+    handles: Mutex<HashMap<u64, Opened>>,
     next_handle: AtomicU64,
     logs: Mutex<HashMap<PathBuf, Arc<AppendLog>>>,
     stats: Stats,
@@ -243,9 +305,15 @@ impl CtxFs {
     /// Opens the storage (creating the root layout when missing).
     pub fn new(config: Config) -> io::Result<CtxFs> {
         let storage = Storage::open(&config.storage)?;
-        let mut inodes = Inodes { paths: HashMap::new(), by_path: HashMap::new(), next: DYNAMIC_FIRST };
+        let mut inodes = Inodes {
+            nodes: HashMap::new(),
+            by_path: HashMap::new(),
+            by_key: HashMap::new(),
+            next: DYNAMIC_FIRST,
+        };
         for (i, d) in LAYOUT.iter().enumerate() {
-            inodes.paths.insert(LAYOUT_FIRST + i as u64, (PathBuf::from(d), 1));
+            let node = Node { paths: vec![PathBuf::from(d)], lookups: 1, key: None };
+            inodes.nodes.insert(LAYOUT_FIRST + i as u64, node);
             inodes.by_path.insert(PathBuf::from(d), LAYOUT_FIRST + i as u64);
         }
         Ok(CtxFs {
@@ -340,14 +408,39 @@ impl CtxFs {
         lock(&self.inodes).get(ino)
     }
 
-    fn new_handle(&self, h: Handle) -> u64 {
+    fn new_handle(&self, ino: u64, h: Handle) -> u64 {
         let id = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        lock(&self.handles).insert(id, Arc::new(Mutex::new(h)));
+        lock(&self.handles).insert(id, (ino, Arc::new(Mutex::new(h))));
         id
     }
 
     fn handle(&self, id: u64) -> io::Result<Arc<Mutex<Handle>>> {
-        lock(&self.handles).get(&id).cloned().ok_or_else(|| err(libc::EBADF))
+        lock(&self.handles).get(&id).map(|(_, h)| Arc::clone(h)).ok_or_else(|| err(libc::EBADF))
+    }
+
+    /// Whether inode `ino` is a control open for rewriting, with nothing written yet.
+    fn rewriting(&self, ino: u64) -> bool {
+        let candidates: Vec<Arc<Mutex<Handle>>> =
+            lock(&self.handles).values().filter(|(i, _)| *i == ino).map(|(_, h)| Arc::clone(h)).collect();
+        candidates.iter().any(|h| matches!(&*lock(h), Handle::Control { buf, .. } if buf.is_empty()))
+    }
+
+    /// A storage file open on inode `ino`: the request's handle `fh` first, else any other open
+    /// handle of the inode. An unlinked file is reached only this way.
+    fn open_file(&self, ino: u64, fh: Option<u64>) -> Option<File> {
+        let candidates: Vec<Arc<Mutex<Handle>>> = {
+            let handles = lock(&self.handles);
+            let first = fh.and_then(|id| handles.get(&id)).filter(|(i, _)| *i == ino);
+            first
+                .into_iter()
+                .chain(handles.values().filter(|(i, _)| *i == ino))
+                .map(|(_, h)| Arc::clone(h))
+                .collect()
+        };
+        candidates.iter().find_map(|h| match &*lock(h) {
+            Handle::File(f) => f.try_clone().ok(),
+            _ => None,
+        })
     }
 
     /// The open log of a session file, opening (and recovering) it on first use.
@@ -369,9 +462,15 @@ impl CtxFs {
 
     /// Attributes of a storage path as the projection shows them.
     fn backed_attr(&self, rel: &Path, ino: u64) -> io::Result<(stat64, Area)> {
-        let area = classify(rel).ok_or_else(|| err(libc::ENOENT))?;
+        classify(rel).ok_or_else(|| err(libc::ENOENT))?;
         let st = self.storage.stat(rel)?;
-        let mut attr = attr_of(&st, ino);
+        self.shown_attr(rel, &st, ino)
+    }
+
+    /// Attributes of the storage path `rel`, whose `lstat` is `st`, as the projection shows them.
+    fn shown_attr(&self, rel: &Path, st: &rustix::fs::Stat, ino: u64) -> io::Result<(stat64, Area)> {
+        let area = classify(rel).ok_or_else(|| err(libc::ENOENT))?;
+        let mut attr = attr_of(st, ino);
         match area {
             Area::Object | Area::Control(Owner::Runtime) => attr.st_mode &= !0o222,
             Area::SessionLog if st.st_mode & libc::S_IFMT == libc::S_IFREG => {
@@ -384,11 +483,14 @@ impl CtxFs {
 
     /// Whether `name` in storage directory `dir` (area `dir_area`) is shown at all.
     fn visible(&self, dir: &Path, name: &[u8]) -> bool {
-        if name.first() == Some(&b'.') {
+        let child = dir.join(std::ffi::OsStr::from_bytes(name));
+        let area = classify(&child);
+        // Dot names are staging residue among objects and controls; in `home/` and `shared/`
+        // they are ordinary data (`.tshrc`, a queue's temporary files, `.git`).
+        if name.first() == Some(&b'.') && area != Some(Area::Data) {
             return false;
         }
-        let child = dir.join(std::ffi::OsStr::from_bytes(name));
-        if classify(&child).is_none() || !self.permitted(&child) {
+        if area.is_none() || !self.permitted(&child) {
             return false;
         }
         // Controls without their executable are residue of an interrupted install.
@@ -417,8 +519,20 @@ impl CtxFs {
             return Err(err(libc::ENOENT));
         }
         // Stat before remembering, so a missing file leaves no inode behind.
-        let (mut attr, area) = self.backed_attr(&rel, 0)?;
-        let ino = lock(&self.inodes).remember(&rel);
+        classify(&rel).ok_or_else(|| err(libc::ENOENT))?;
+        let st = self.storage.stat(&rel)?;
+        let (mut attr, area) = self.shown_attr(&rel, &st, 0)?;
+        // Hard links share the inode of their file, once its known path is checked to still name
+        // it (a backing inode number is reused after a change behind the server's back).
+        let key = (st.st_dev, st.st_ino);
+        let known = if st.st_mode & libc::S_IFMT != libc::S_IFDIR && st.st_nlink > 1 {
+            lock(&self.inodes).path_of_key(key)
+        } else {
+            None
+        };
+        let linked = known
+            .is_some_and(|p| p == rel || self.storage.stat(&p).is_ok_and(|s| (s.st_dev, s.st_ino) == key));
+        let ino = lock(&self.inodes).remember(&rel, &st, linked);
         attr.st_ino = ino;
         Ok(self.entry(ino, attr, self.timeout(area)))
     }
@@ -594,13 +708,12 @@ impl FileSystem for CtxFs {
     type Handle = u64;
 
     fn init(&self, capable: FsOptions) -> io::Result<FsOptions> {
-        // ATOMIC_O_TRUNC: O_TRUNC arrives with open, so a control rewrite never truncates the
-        // live file first. No writeback cache: session appends must reach the log one by one.
-        let want = FsOptions::ASYNC_READ
-            | FsOptions::ATOMIC_O_TRUNC
-            | FsOptions::BIG_WRITES
-            | FsOptions::MAX_PAGES
-            | FsOptions::PARALLEL_DIROPS;
+        // No ATOMIC_O_TRUNC: the kernel checks an open's O_TRUNC (ETXTBSY for a running
+        // executable) only after OPEN returns, so the truncation must come after it, as a
+        // SETATTR; a control being rewritten takes that as a no-op (see `setattr`). No writeback
+        // cache: session appends must reach the log one by one.
+        let want =
+            FsOptions::ASYNC_READ | FsOptions::BIG_WRITES | FsOptions::MAX_PAGES | FsOptions::PARALLEL_DIROPS;
         Ok(capable & want)
     }
 
@@ -656,7 +769,7 @@ impl FileSystem for CtxFs {
         }
     }
 
-    fn getattr(&self, _ctx: &Context, ino: u64, _h: Option<u64>) -> io::Result<(stat64, Duration)> {
+    fn getattr(&self, _ctx: &Context, ino: u64, h: Option<u64>) -> io::Result<(stat64, Duration)> {
         self.stats.count("getattr");
         match ino {
             ROOT => Ok((synthetic(ROOT, libc::S_IFDIR | 0o755, 0), LONG)),
@@ -673,7 +786,15 @@ impl FileSystem for CtxFs {
                 Ok((attr, LONG))
             }
             _ => {
-                let rel = self.rel(ino)?;
+                let rel = match self.rel(ino) {
+                    Ok(rel) => rel,
+                    // Unlinked but open: its handles still reach it.
+                    Err(e) => {
+                        let f = self.open_file(ino, h).ok_or(e)?;
+                        let st = rustix::fs::fstat(&f).map_err(ioerr)?;
+                        return Ok((attr_of(&st, ino), Duration::ZERO));
+                    }
+                };
                 if !self.permitted(&rel) {
                     return Err(err(libc::ENOENT));
                 }
@@ -688,18 +809,41 @@ impl FileSystem for CtxFs {
         _ctx: &Context,
         ino: u64,
         attr: stat64,
-        _h: Option<u64>,
+        h: Option<u64>,
         valid: SetattrValid,
     ) -> io::Result<(stat64, Duration)> {
         self.stats.count("setattr");
         if ino < DYNAMIC_FIRST && !(LAYOUT_FIRST..LAYOUT_FIRST + LAYOUT.len() as u64).contains(&ino) {
             return Err(err(libc::EROFS));
         }
-        let rel = self.rel(ino)?;
+        let rel = match self.rel(ino) {
+            Ok(rel) => rel,
+            // Unlinked but open: changed through one of its handles. Only in the host view, since
+            // a view's grants are decided by path.
+            Err(e) => {
+                let f = if self.view.is_none() { self.open_file(ino, h) } else { None };
+                let f = f.ok_or(e)?;
+                set_file_attr(&f, &attr, valid)?;
+                let st = rustix::fs::fstat(&f).map_err(ioerr)?;
+                return Ok((attr_of(&st, ino), Duration::ZERO));
+            }
+        };
         let area = classify(&rel).ok_or_else(|| err(libc::ENOENT))?;
         self.may_write(&rel)?;
         match area {
             Area::Data | Area::DataRoot => {}
+            // The truncation of open(O_TRUNC) (no handle; see `init`) of a control just opened for
+            // rewriting: it is replaced whole when the new contents are published, never
+            // truncated in place. Any other truncation of a control is refused below.
+            Area::Control(_)
+                if valid.contains(SetattrValid::SIZE)
+                    && attr.st_size == 0
+                    && h.is_none()
+                    && self.rewriting(ino) =>
+            {
+                let (attr, _) = self.backed_attr(&rel, ino)?;
+                return Ok((attr, Duration::ZERO));
+            }
             Area::SessionLog if !valid.contains(SetattrValid::SIZE) => {}
             _ if valid.intersects(SetattrValid::SIZE) => return Err(err(libc::EPERM)),
             Area::ClassDir
@@ -713,12 +857,11 @@ impl FileSystem for CtxFs {
         }
         let (dir, name) = self.storage.parent_of(&rel)?;
         if valid.contains(SetattrValid::MODE) {
-            rustix::fs::chmodat(&dir, name, Mode::from_raw_mode(attr.st_mode & 0o7777), AtFlags::empty())
-                .map_err(ioerr)?;
+            let fd = self.storage.open_rel(&rel, OFlags::PATH, 0)?;
+            chmod_unfollowed(&fd, attr.st_mode & 0o7777)?;
         }
         if valid.intersects(SetattrValid::UID | SetattrValid::GID) {
-            let uid = valid.contains(SetattrValid::UID).then(|| rustix::fs::Uid::from_raw(attr.st_uid));
-            let gid = valid.contains(SetattrValid::GID).then(|| rustix::fs::Gid::from_raw(attr.st_gid));
+            let (uid, gid) = owner_of(&attr, valid);
             rustix::fs::chownat(&dir, name, uid, gid, AtFlags::SYMLINK_NOFOLLOW).map_err(ioerr)?;
         }
         if valid.contains(SetattrValid::SIZE) {
@@ -726,32 +869,8 @@ impl FileSystem for CtxFs {
             rustix::fs::ftruncate(&fd, attr.st_size as u64).map_err(ioerr)?;
         }
         if valid.intersects(SetattrValid::ATIME | SetattrValid::MTIME) {
-            let omit = Timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT };
-            let now = Timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW };
-            let pick = |set: bool, now_flag: bool, sec: i64, nsec: i64| {
-                if !set {
-                    omit
-                } else if now_flag {
-                    now
-                } else {
-                    Timespec { tv_sec: sec, tv_nsec: nsec }
-                }
-            };
-            let times = Timestamps {
-                last_access: pick(
-                    valid.contains(SetattrValid::ATIME),
-                    valid.contains(SetattrValid::ATIME_NOW),
-                    attr.st_atime,
-                    attr.st_atime_nsec,
-                ),
-                last_modification: pick(
-                    valid.contains(SetattrValid::MTIME),
-                    valid.contains(SetattrValid::MTIME_NOW),
-                    attr.st_mtime,
-                    attr.st_mtime_nsec,
-                ),
-            };
-            rustix::fs::utimensat(&dir, name, &times, AtFlags::SYMLINK_NOFOLLOW).map_err(ioerr)?;
+            rustix::fs::utimensat(&dir, name, &times_of(&attr, valid), AtFlags::SYMLINK_NOFOLLOW)
+                .map_err(ioerr)?;
         }
         let (attr, _) = self.backed_attr(&rel, ino)?;
         Ok((attr, SHORT))
@@ -771,14 +890,7 @@ impl FileSystem for CtxFs {
         }
         let (dir, leaf) = self.storage.parent_of(&rel)?;
         rustix::fs::symlinkat(linkname, &dir, leaf).map_err(ioerr)?;
-        rustix::fs::chownat(
-            &dir,
-            leaf,
-            Some(rustix::fs::Uid::from_raw(ctx.uid)),
-            Some(rustix::fs::Gid::from_raw(ctx.gid)),
-            AtFlags::SYMLINK_NOFOLLOW,
-        )
-        .map_err(ioerr)?;
+        give_to_caller(ctx, &dir, leaf, None, None)?;
         self.lookup_backed(rel)
     }
 
@@ -798,16 +910,9 @@ impl FileSystem for CtxFs {
         }
         let (dir, leaf) = self.storage.parent_of(&rel)?;
         let kind = rustix::fs::FileType::from_raw_mode(mode);
-        rustix::fs::mknodat(&dir, leaf, kind, Mode::from_raw_mode(mode & !umask & 0o7777), u64::from(rdev))
-            .map_err(ioerr)?;
-        rustix::fs::chownat(
-            &dir,
-            leaf,
-            Some(rustix::fs::Uid::from_raw(ctx.uid)),
-            Some(rustix::fs::Gid::from_raw(ctx.gid)),
-            AtFlags::SYMLINK_NOFOLLOW,
-        )
-        .map_err(ioerr)?;
+        let mode = mode & !umask & 0o7777;
+        rustix::fs::mknodat(&dir, leaf, kind, Mode::from_raw_mode(mode), u64::from(rdev)).map_err(ioerr)?;
+        give_to_caller(ctx, &dir, leaf, None, Some(mode))?;
         self.lookup_backed(rel)
     }
 
@@ -818,15 +923,9 @@ impl FileSystem for CtxFs {
             return Err(err(libc::EPERM));
         }
         let (dir, leaf) = self.storage.parent_of(&rel)?;
-        rustix::fs::mkdirat(&dir, leaf, Mode::from_raw_mode(mode & !umask & 0o7777)).map_err(ioerr)?;
-        rustix::fs::chownat(
-            &dir,
-            leaf,
-            Some(rustix::fs::Uid::from_raw(ctx.uid)),
-            Some(rustix::fs::Gid::from_raw(ctx.gid)),
-            AtFlags::SYMLINK_NOFOLLOW,
-        )
-        .map_err(ioerr)?;
+        let mode = mode & !umask & 0o7777;
+        rustix::fs::mkdirat(&dir, leaf, Mode::from_raw_mode(mode)).map_err(ioerr)?;
+        give_to_caller(ctx, &dir, leaf, None, Some(mode))?;
         self.lookup_backed(rel)
     }
 
@@ -843,7 +942,9 @@ impl FileSystem for CtxFs {
             None => return Err(err(libc::ENOENT)),
         }
         let (dir, leaf) = self.storage.parent_of(&rel)?;
-        rustix::fs::unlinkat(&dir, leaf, AtFlags::empty()).map_err(ioerr)
+        rustix::fs::unlinkat(&dir, leaf, AtFlags::empty()).map_err(ioerr)?;
+        lock(&self.inodes).detach(&rel);
+        Ok(())
     }
 
     fn rmdir(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
@@ -859,7 +960,9 @@ impl FileSystem for CtxFs {
             None => return Err(err(libc::ENOENT)),
         }
         let (dir, leaf) = self.storage.parent_of(&rel)?;
-        rustix::fs::unlinkat(&dir, leaf, AtFlags::REMOVEDIR).map_err(ioerr)
+        rustix::fs::unlinkat(&dir, leaf, AtFlags::REMOVEDIR).map_err(ioerr)?;
+        lock(&self.inodes).detach(&rel);
+        Ok(())
     }
 
     fn rename(
@@ -938,7 +1041,7 @@ impl FileSystem for CtxFs {
                 self.open_backed(&rel, flags)?
             }
         };
-        Ok((Some(self.new_handle(h)), opts, None))
+        Ok((Some(self.new_handle(ino, h)), opts, None))
     }
 
     fn create(
@@ -960,25 +1063,37 @@ impl FileSystem for CtxFs {
                         | OFlags::EXCL
                         | OFlags::SYNC
                         | OFlags::DSYNC);
-                let fd = rustix::fs::openat(
+                let mode = args.mode & !args.umask & 0o7777;
+                let created = rustix::fs::openat(
                     &dir,
                     leaf,
-                    keep | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                    Mode::from_raw_mode(args.mode & !args.umask & 0o7777),
-                )
-                .map_err(ioerr)?;
-                Self::chown_to_caller(&fd, ctx)?;
+                    keep | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(mode),
+                );
+                let fd = match created {
+                    Ok(fd) => {
+                        give_to_caller(ctx, &dir, leaf, Some(&fd), Some(mode))?;
+                        fd
+                    }
+                    Err(rustix::io::Errno::EXIST) if !keep.contains(OFlags::EXCL) => {
+                        // Created by someone else since the kernel's lookup: opened as open(2)
+                        // would open it, keeping its owner and mode.
+                        open_existing(&dir, leaf, keep, ctx)?
+                    }
+                    Err(e) => return Err(e.into()),
+                };
                 (Handle::File(File::from(fd)), OpenOptions::empty())
             }
             Area::SessionLog => {
+                let mode = args.mode & !args.umask & 0o7777;
                 let fd = rustix::fs::openat(
                     &dir,
                     leaf,
                     OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                    Mode::from_raw_mode(args.mode & !args.umask & 0o7777),
+                    Mode::from_raw_mode(mode),
                 )
                 .map_err(ioerr)?;
-                Self::chown_to_caller(&fd, ctx)?;
+                give_to_caller(ctx, &dir, leaf, Some(&fd), Some(mode))?;
                 drop(fd);
                 (Handle::Log(self.log(&rel)?), OpenOptions::DIRECT_IO)
             }
@@ -1003,7 +1118,7 @@ impl FileSystem for CtxFs {
             _ => return Err(err(libc::EPERM)),
         };
         let entry = self.lookup_backed(rel)?;
-        Ok((entry, Some(self.new_handle(h)), opts, None))
+        Ok((entry, Some(self.new_handle(entry.inode, h)), opts, None))
     }
 
     fn read(
@@ -1091,6 +1206,28 @@ impl FileSystem for CtxFs {
         }
     }
 
+    fn fallocate(
+        &self,
+        _ctx: &Context,
+        _ino: u64,
+        handle: u64,
+        mode: u32,
+        offset: u64,
+        length: u64,
+    ) -> io::Result<()> {
+        self.stats.count("write");
+        let h = self.handle(handle)?;
+        let h = lock(&h);
+        match &*h {
+            // Only data is open writable as a plain file; anything else fails on its read-only fd.
+            Handle::File(f) => {
+                rustix::fs::fallocate(f, rustix::fs::FallocateFlags::from_bits_retain(mode), offset, length)
+                    .map_err(ioerr)
+            }
+            _ => Err(err(libc::EOPNOTSUPP)),
+        }
+    }
+
     fn flush(&self, _ctx: &Context, _ino: u64, handle: u64, _lock_owner: u64) -> io::Result<()> {
         self.stats.count("flush");
         let h = self.handle(handle)?;
@@ -1128,7 +1265,7 @@ impl FileSystem for CtxFs {
         _lock_owner: Option<u64>,
     ) -> io::Result<()> {
         self.stats.count("release");
-        if let Some(h) = lock(&self.handles).remove(&handle)
+        if let Some((_, h)) = lock(&self.handles).remove(&handle)
             && let Handle::Control { rel, buf, dirty: true, .. } = &*lock(&h)
         {
             // Written but never flushed (no close reported it): publish now; errors have no one
@@ -1206,7 +1343,7 @@ impl FileSystem for CtxFs {
     fn opendir(&self, _ctx: &Context, ino: u64, _flags: u32) -> io::Result<(Option<u64>, OpenOptions)> {
         self.stats.count("readdir");
         let listing = self.dir_listing(ino)?;
-        Ok((Some(self.new_handle(Handle::Dir(listing))), OpenOptions::empty()))
+        Ok((Some(self.new_handle(ino, Handle::Dir(listing))), OpenOptions::empty()))
     }
 
     fn readdir(
@@ -1250,6 +1387,142 @@ impl FileSystem for CtxFs {
         let fd = self.storage.dir(&self.rel(ino)?)?;
         rustix::fs::fsync(&fd).map_err(ioerr)
     }
+}
+
+/// Hands a new entry `leaf` of `dir` (open as `file`, if it is) to the caller: its uid, and its
+/// gid unless `dir` is set-group-ID (then the entry keeps the directory's group, and a new
+/// directory the bit). Then exactly `mode` (`None` for a symlink): set last, since chown clears
+/// set-ID bits, and explicitly, so that the server's own umask never applies.
+fn give_to_caller(
+    ctx: &Context,
+    dir: &OwnedFd,
+    leaf: &Path,
+    file: Option<&OwnedFd>,
+    mode: Option<u32>,
+) -> io::Result<()> {
+    let setgid = rustix::fs::fstat(dir).map_err(ioerr)?.st_mode & libc::S_ISGID != 0;
+    let uid = Some(rustix::fs::Uid::from_raw(ctx.uid));
+    let gid = (!setgid).then(|| rustix::fs::Gid::from_raw(ctx.gid));
+    match file {
+        Some(fd) => rustix::fs::fchown(fd, uid, gid),
+        None => rustix::fs::chownat(dir, leaf, uid, gid, AtFlags::SYMLINK_NOFOLLOW),
+    }
+    .map_err(ioerr)?;
+    let Some(mode) = mode else { return Ok(()) };
+    match file {
+        Some(fd) => rustix::fs::fchmod(fd, Mode::from_raw_mode(mode)).map_err(ioerr),
+        None => {
+            let fd = rustix::fs::openat(
+                dir,
+                leaf,
+                OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(ioerr)?;
+            let is_dir = rustix::fs::fstat(&fd).map_err(ioerr)?.st_mode & libc::S_IFMT == libc::S_IFDIR;
+            chmod_unfollowed(&fd, if is_dir && setgid { mode | libc::S_ISGID } else { mode })
+        }
+    }
+}
+
+/// chmod(2) of the file `fd` was opened on with `O_PATH | O_NOFOLLOW`, through its /proc/self/fd
+/// link, so that a symlink swapped in is never followed. A symlink's mode cannot be changed.
+fn chmod_unfollowed(fd: &OwnedFd, mode: u32) -> io::Result<()> {
+    if rustix::fs::fstat(fd).map_err(ioerr)?.st_mode & libc::S_IFMT == libc::S_IFLNK {
+        return Err(err(libc::EOPNOTSUPP));
+    }
+    let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    rustix::fs::chmod(link.as_str(), Mode::from_raw_mode(mode)).map_err(ioerr)
+}
+
+/// Opens an existing file `leaf` of `dir` with `flags` for the caller, checking its mode bits
+/// as the kernel would have (the caller's uid and gid; supplementary groups are not known here,
+/// so this may refuse where the kernel would allow), and truncating only once allowed.
+fn open_existing(dir: &OwnedFd, leaf: &Path, flags: OFlags, ctx: &Context) -> io::Result<OwnedFd> {
+    let fd = rustix::fs::openat(
+        dir,
+        leaf,
+        (flags - OFlags::TRUNC) | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(ioerr)?;
+    let st = rustix::fs::fstat(&fd).map_err(ioerr)?;
+    let acc = flags & OFlags::ACCMODE;
+    let want = match acc {
+        a if a == OFlags::WRONLY => 0o2,
+        a if a == OFlags::RDWR => 0o6,
+        _ if flags.contains(OFlags::TRUNC) => 0o6,
+        _ => 0o4,
+    };
+    let bits = if ctx.uid == st.st_uid {
+        st.st_mode >> 6
+    } else if ctx.gid == st.st_gid {
+        st.st_mode >> 3
+    } else {
+        st.st_mode
+    };
+    if ctx.uid != 0 && bits & want != want {
+        return Err(err(libc::EACCES));
+    }
+    if flags.contains(OFlags::TRUNC) {
+        rustix::fs::ftruncate(&fd, 0).map_err(ioerr)?;
+    }
+    // Back to blocking I/O, as the caller asked.
+    rustix::fs::fcntl_setfl(&fd, flags & (OFlags::APPEND | OFlags::SYNC | OFlags::DSYNC)).map_err(ioerr)?;
+    Ok(fd)
+}
+
+/// The owner and group a SETATTR asks for.
+fn owner_of(attr: &stat64, valid: SetattrValid) -> (Option<rustix::fs::Uid>, Option<rustix::fs::Gid>) {
+    (
+        valid.contains(SetattrValid::UID).then(|| rustix::fs::Uid::from_raw(attr.st_uid)),
+        valid.contains(SetattrValid::GID).then(|| rustix::fs::Gid::from_raw(attr.st_gid)),
+    )
+}
+
+/// The access and modification times a SETATTR asks for.
+fn times_of(attr: &stat64, valid: SetattrValid) -> Timestamps {
+    let pick = |set: bool, now: bool, sec: i64, nsec: i64| {
+        if !set {
+            Timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT }
+        } else if now {
+            Timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW }
+        } else {
+            Timespec { tv_sec: sec, tv_nsec: nsec }
+        }
+    };
+    Timestamps {
+        last_access: pick(
+            valid.contains(SetattrValid::ATIME),
+            valid.contains(SetattrValid::ATIME_NOW),
+            attr.st_atime,
+            attr.st_atime_nsec,
+        ),
+        last_modification: pick(
+            valid.contains(SetattrValid::MTIME),
+            valid.contains(SetattrValid::MTIME_NOW),
+            attr.st_mtime,
+            attr.st_mtime_nsec,
+        ),
+    }
+}
+
+/// Applies a SETATTR to an open file.
+fn set_file_attr(f: &File, attr: &stat64, valid: SetattrValid) -> io::Result<()> {
+    if valid.contains(SetattrValid::MODE) {
+        rustix::fs::fchmod(f, Mode::from_raw_mode(attr.st_mode & 0o7777)).map_err(ioerr)?;
+    }
+    if valid.intersects(SetattrValid::UID | SetattrValid::GID) {
+        let (uid, gid) = owner_of(attr, valid);
+        rustix::fs::fchown(f, uid, gid).map_err(ioerr)?;
+    }
+    if valid.contains(SetattrValid::SIZE) {
+        rustix::fs::ftruncate(f, attr.st_size as u64).map_err(ioerr)?;
+    }
+    if valid.intersects(SetattrValid::ATIME | SetattrValid::MTIME) {
+        rustix::fs::futimens(f, &times_of(attr, valid)).map_err(ioerr)?;
+    }
+    Ok(())
 }
 
 /// Checks the complete lines of `new` (bytes appended to a control being rewritten) for the
