@@ -5,13 +5,15 @@
 //! - [`appender`]: driving the `log-appender` helper and checking the log it leaves;
 //! - [`object`]: writing object packages and judging what an install left in storage;
 //! - [`powerloss`]: mounting the `powerloss-fs` helper, simulating power loss and injecting
-//!   faults.
+//!   faults;
+//! - [`served`]: a real `ctx mount` on temporary storage.
 //!
 //! Only the test targets of this crate depend on it.
 
 pub mod appender;
 pub mod object;
 pub mod powerloss;
+pub mod served;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

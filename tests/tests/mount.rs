@@ -7,72 +7,13 @@
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
 
 use rustix::process::{Pid, Signal, kill_process};
 
-/// A running `ctx mount` on temporary storage; stopped (and lazily unmounted) on drop.
-struct Served {
-    child: Option<Child>,
-    storage: PathBuf,
-    mnt: PathBuf,
-    control: PathBuf,
-    dir: tempfile::TempDir,
-}
-
-impl Served {
-    fn start() -> Served {
-        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
-        let storage = dir.path().join("storage");
-        let mnt = dir.path().join("ctx");
-        fs::create_dir(&mnt).unwrap();
-        let control = dir.path().join("control.sock");
-        let mut s = Served { child: None, storage, mnt, control, dir };
-        s.spawn();
-        s
-    }
-
-    fn spawn(&mut self) {
-        assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is required for mount tests");
-        let child = Command::new(tests::bin("ctx"))
-            .args(["mount", "--source", self.storage.to_str().unwrap(), self.mnt.to_str().unwrap()])
-            .args(["--control", self.control.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
-        let t = Instant::now();
-        while fs::read(self.mnt.join("status")).is_err() {
-            assert!(t.elapsed() < Duration::from_secs(10), "ctx mount did not come up");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn p(&self, rel: &str) -> PathBuf {
-        self.mnt.join(rel)
-    }
-
-    fn stop(&mut self) -> Option<i32> {
-        let mut c = self.child.take()?;
-        kill_process(Pid::from_raw(c.id() as i32).unwrap(), Signal::TERM).unwrap();
-        c.wait().unwrap().code()
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        self.stop();
-        let _ = Command::new("umount").arg("-l").arg(&self.mnt).stderr(Stdio::null()).status();
-    }
-}
-
-fn errno(r: std::io::Result<impl Sized>) -> i32 {
-    r.err().and_then(|e| e.raw_os_error()).unwrap_or(0)
-}
+use tests::served::{Served, errno};
 
 fn install_hello(s: &Served) {
     let out = Command::new(tests::bin("ctx"))

@@ -11,10 +11,8 @@ use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
-
-use rustix::process::{Pid, Signal, kill_process};
 
 /// What pjdfstest does not verify on this mount, by test name (a substring), with the reason.
 /// pjdfstest reports these as skipped; any other skip or any failure fails the test.
@@ -37,71 +35,7 @@ const EXCLUDED: &[(&str, &str)] = &[
 /// built on Linux).
 const PJDFSTEST_FEATURES: &[&str] = &["posix_fallocate", "rename_ctime", "utime_now", "utimensat"];
 
-/// A running `ctx mount` on temporary storage; stopped (and lazily unmounted) on drop.
-struct Served {
-    child: Option<Child>,
-    storage: PathBuf,
-    mnt: PathBuf,
-    dir: tempfile::TempDir,
-}
-
-impl Served {
-    fn start() -> Served {
-        assert!(
-            rustix::process::geteuid().is_root(),
-            "the posix tests mount FUSE and switch users: run as root"
-        );
-        assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is required for mount tests");
-        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
-        let storage = dir.path().join("storage");
-        let mnt = dir.path().join("ctx");
-        fs::create_dir(&mnt).unwrap();
-        let control = dir.path().join("control.sock");
-        let child = Command::new(tests::bin("ctx"))
-            .args(["mount", "--source", storage.to_str().unwrap(), mnt.to_str().unwrap()])
-            .args(["--control", control.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let s = Served { child: Some(child), storage, mnt, dir };
-        let t = Instant::now();
-        while fs::read(s.mnt.join("status")).is_err() {
-            assert!(t.elapsed() < Duration::from_secs(10), "ctx mount did not come up");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        s
-    }
-
-    fn p(&self, rel: &str) -> PathBuf {
-        self.mnt.join(rel)
-    }
-
-    /// A directory `rel` under `home/` or `shared/`, made in storage with `mode` and `owner`.
-    fn data_dir(&self, rel: &str, mode: u32, owner: u32) -> PathBuf {
-        let d = self.storage.join(rel);
-        fs::create_dir_all(&d).unwrap();
-        let id = Some(owner);
-        rustix::fs::chown(&d, id.map(rustix::fs::Uid::from_raw), id.map(rustix::fs::Gid::from_raw)).unwrap();
-        fs::set_permissions(&d, fs::Permissions::from_mode(mode)).unwrap();
-        self.p(rel)
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = kill_process(Pid::from_child(&c), Signal::TERM);
-            let _ = c.wait();
-        }
-        let _ = Command::new("umount").arg("-l").arg(&self.mnt).stderr(Stdio::null()).status();
-    }
-}
-
-fn errno(r: std::io::Result<impl Sized>) -> i32 {
-    r.err().and_then(|e| e.raw_os_error()).unwrap_or(0)
-}
+use tests::served::{Served, errno};
 
 fn text(out: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))

@@ -1,0 +1,95 @@
+//! A real `ctx mount` on temporary storage, for the mount, view and POSIX tests: started and
+//! waited for, stopped with SIGTERM (and lazily unmounted) on drop.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, kill_process};
+
+/// A running `ctx mount`.
+#[derive(Debug)]
+pub struct Served {
+    /// The daemon, while it runs.
+    pub child: Option<Child>,
+    /// Its storage.
+    pub storage: PathBuf,
+    /// Its mount point.
+    pub mnt: PathBuf,
+    /// Its control socket.
+    pub control: PathBuf,
+    /// The temporary directory holding all of it.
+    pub dir: tempfile::TempDir,
+}
+
+impl Served {
+    /// Starts `ctx mount` on fresh storage and waits until `/ctx/status` answers.
+    pub fn start() -> Served {
+        assert!(rustix::process::geteuid().is_root(), "mount tests mount FUSE and switch users: run as root");
+        assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is required for mount tests");
+        let dir = tempfile::tempdir_in("/var/tmp").expect("temp dir");
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod temp dir");
+        let storage = dir.path().join("storage");
+        let mnt = dir.path().join("ctx");
+        fs::create_dir(&mnt).expect("mount point");
+        let control = dir.path().join("control.sock");
+        let mut s = Served { child: None, storage, mnt, control, dir };
+        s.spawn();
+        s
+    }
+
+    /// (Re)starts the daemon on the same storage and mount point.
+    pub fn spawn(&mut self) {
+        let child = Command::new(crate::bin("ctx"))
+            .args(["mount", "--source", &self.storage.to_string_lossy(), &self.mnt.to_string_lossy()])
+            .args(["--control", &self.control.to_string_lossy()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn ctx mount");
+        self.child = Some(child);
+        let t = Instant::now();
+        while fs::read(self.mnt.join("status")).is_err() {
+            assert!(t.elapsed() < Duration::from_secs(10), "ctx mount did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A path under the mount.
+    pub fn p(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    /// A directory `rel` under `home/` or `shared/`, made in storage with `mode` and `owner`;
+    /// returns its path under the mount.
+    pub fn data_dir(&self, rel: &str, mode: u32, owner: u32) -> PathBuf {
+        let d = self.storage.join(rel);
+        fs::create_dir_all(&d).expect("data dir");
+        let id = Some(owner);
+        rustix::fs::chown(&d, id.map(rustix::fs::Uid::from_raw), id.map(rustix::fs::Gid::from_raw))
+            .expect("chown data dir");
+        fs::set_permissions(&d, fs::Permissions::from_mode(mode)).expect("chmod data dir");
+        self.p(rel)
+    }
+
+    /// Stops the daemon with SIGTERM; returns its exit code.
+    pub fn stop(&mut self) -> Option<i32> {
+        let mut c = self.child.take()?;
+        let _ = kill_process(Pid::from_child(&c), Signal::TERM);
+        c.wait().ok()?.code()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).stderr(Stdio::null()).status();
+    }
+}
+
+/// The errno of a failed operation, 0 when it succeeded.
+pub fn errno(r: std::io::Result<impl Sized>) -> i32 {
+    r.err().and_then(|e| e.raw_os_error()).unwrap_or(0)
+}
