@@ -69,6 +69,12 @@ impl Views {
         if views.iter().any(|v| v.mount.mountpoint() == path) {
             return Err(format!("{} already serves a view", path.display()));
         }
+        if path.starts_with(DEFAULT_VIEW_ROOT) {
+            // Views are reached by binding them into sandboxes; nobody else may walk in.
+            std::fs::create_dir_all(DEFAULT_VIEW_ROOT).map_err(|e| format!("{DEFAULT_VIEW_ROOT}: {e}"))?;
+            std::fs::set_permissions(DEFAULT_VIEW_ROOT, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| format!("{DEFAULT_VIEW_ROOT}: {e}"))?;
+        }
         std::fs::create_dir_all(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let spec = ViewSpec { agent: agent.to_owned(), session: session.to_owned() };
         let fs = CtxFs::new(Config { view: Some(spec.clone()), ..self.base.clone() })

@@ -299,6 +299,16 @@ fn agent_views_show_only_what_the_agent_may_use() {
     fs::write(st.join("tool/hello.d/policy"), "").unwrap();
     assert_eq!(names(&v1.join("tool")), ["hidden", "hidden.d"], "the tool's own policy counts too");
 
+    // Default view paths live under /run/cortexfs/view, which only root may walk.
+    let session = format!("t{}", std::process::id());
+    let out = ctx(&["view", "create", "--agent", "coder", "--session", &session, "--control", control]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let default_path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert_eq!(default_path, format!("/run/cortexfs/view/coder/{session}"));
+    let mode = fs::metadata("/run/cortexfs/view").unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700);
+    assert!(ctx(&["view", "rm", &default_path, "--control", control]).status.success());
+
     // The host status counts views; ls lists them; removing one leaves the other.
     assert!(fs::read_to_string(s.p("status")).unwrap().contains("views 2\n"));
     let ls = ctx(&["view", "ls", "--control", control]);
