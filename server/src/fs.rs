@@ -6,6 +6,12 @@
 //! (policies are parsed first), runtime controls are read-only, session logs take whole JSON
 //! lines at their end through the ringfs group commit, and `home/`/`shared/` data behaves as
 //! POSIX files owned by the caller. Mode bits are checked by the kernel (`default_permissions`).
+//!
+//! Caching: storage entries and attributes time out after 1 s (0 in agent views, whose policy
+//! may change at any time). Plain files are opened without FLUSH at close, and a read-only open
+//! of a file unchanged in storage since the last open keeps the kernel's pages (KEEP_CACHE); in
+//! the host view directory listings are cached and kept the same way (CACHE_DIR). OPEN itself
+//! stays: controls, `status` and session logs need their handles and DIRECT_IO.
 
 use std::collections::HashMap;
 use std::ffi::CStr;
@@ -52,6 +58,16 @@ pub const ROOT_NAMES: [&str; 7] = ["status", "bin", "model", "agent", "tool", "h
 
 const KIND_XATTR: &[u8] = b"user.cortexfs.kind";
 
+/// `FOPEN_NOFLUSH`: the kernel sends no FLUSH when a descriptor of this open file is closed.
+/// fuse-backend-rs 0.14's `OpenOptions` (bitflags 1) does not declare it.
+#[allow(unsafe_code)]
+fn noflush() -> OpenOptions {
+    // SAFETY: `OpenOptions` is a plain `u32` copied into the open reply; bitflags 1 marks
+    // `from_bits_unchecked` unsafe only because the bit is not one it declares. The kernel
+    // defines bit 5 of `open_flags` as FOPEN_NOFLUSH (protocol 7.31, negotiated 7.33 here).
+    unsafe { OpenOptions::from_bits_unchecked(1 << 5) }
+}
+
 fn err(code: i32) -> io::Error {
     io::Error::from_raw_os_error(code)
 }
@@ -79,6 +95,17 @@ struct Node {
     lookups: u64,
     /// The backing file's `(st_dev, st_ino)`, so that hard links share one inode.
     key: Option<(u64, u64)>,
+    /// The backing file as it was when the kernel last had to drop its cached pages (data) or
+    /// listing (directory); an open that finds it unchanged lets the kernel keep its cache.
+    stamp: Option<Stamp>,
+}
+
+/// What changes when a file's contents or a directory's entries change behind the kernel's
+/// back: the backing inode, its size, and its modification and change times.
+type Stamp = (u64, i64, i64, u64, i64, u64);
+
+fn stamp_of(st: &rustix::fs::Stat) -> Stamp {
+    (st.st_ino, st.st_size, st.st_mtime, st.st_mtime_nsec, st.st_ctime, st.st_ctime_nsec)
 }
 
 #[derive(Debug)]
@@ -127,10 +154,20 @@ impl Inodes {
         }
         let ino = self.next;
         self.next += 1;
-        self.nodes.insert(ino, Node { paths: vec![rel.to_path_buf()], lookups: 1, key: Some(key) });
+        self.nodes
+            .insert(ino, Node { paths: vec![rel.to_path_buf()], lookups: 1, key: Some(key), stamp: None });
         self.by_path.insert(rel.to_path_buf(), ino);
         self.by_key.insert(key, ino);
         ino
+    }
+
+    /// Records `stamp` (`None`: unknown) as what the kernel caches for `ino` from now on, and
+    /// says whether it equals what was recorded before (then the kernel's cache is current).
+    fn restamp(&mut self, ino: u64, stamp: Option<Stamp>) -> bool {
+        let Some(node) = self.nodes.get_mut(&ino) else { return false };
+        let same = stamp.is_some() && node.stamp == stamp;
+        node.stamp = stamp;
+        same
     }
 
     fn forget(&mut self, ino: u64, n: u64) {
@@ -200,8 +237,9 @@ enum Handle {
     Log(Arc<AppendLog>),
     /// A snapshot (status).
     Bytes(Vec<u8>),
-    /// A directory listing snapshot: name, inode hint, type.
-    Dir(Vec<(Vec<u8>, u64, u32)>),
+    /// A directory listing snapshot: name, inode hint, type. Taken at the first READDIR, so
+    /// that an open whose listing the kernel already caches costs no listing at all.
+    Dir(Option<Vec<(Vec<u8>, u64, u32)>>),
 }
 
 /// An open handle: the inode it was opened on, and its state.
@@ -312,7 +350,7 @@ impl CtxFs {
             next: DYNAMIC_FIRST,
         };
         for (i, d) in LAYOUT.iter().enumerate() {
-            let node = Node { paths: vec![PathBuf::from(d)], lookups: 1, key: None };
+            let node = Node { paths: vec![PathBuf::from(d)], lookups: 1, key: None, stamp: None };
             inodes.nodes.insert(LAYOUT_FIRST + i as u64, node);
             inodes.by_path.insert(PathBuf::from(d), LAYOUT_FIRST + i as u64);
         }
@@ -594,7 +632,18 @@ impl CtxFs {
         written
     }
 
-    fn open_backed(&self, rel: &Path, flags: u32) -> io::Result<(Handle, OpenOptions)> {
+    /// Open options for a storage file opened on `ino` as `fd`: no FLUSH at close (nothing to
+    /// do for a plain file: writes are written through, and published controls and session
+    /// logs have handles of their own), and, for a read-only open of a file unchanged since
+    /// the kernel last filled its page cache, KEEP_CACHE. Writes through this mount keep that
+    /// cache current; writes elsewhere change the stamp, and the next open drops the cache.
+    fn file_options(&self, ino: u64, fd: &OwnedFd, write: bool) -> io::Result<OpenOptions> {
+        let stamp = if write { None } else { Some(stamp_of(&rustix::fs::fstat(fd).map_err(ioerr)?)) };
+        let keep = lock(&self.inodes).restamp(ino, stamp);
+        Ok(noflush() | if keep { OpenOptions::KEEP_CACHE } else { OpenOptions::empty() })
+    }
+
+    fn open_backed(&self, ino: u64, rel: &Path, flags: u32) -> io::Result<(Handle, OpenOptions)> {
         let area = classify(rel).ok_or_else(|| err(libc::ENOENT))?;
         let write = Self::is_write(flags);
         if !self.permitted(rel) {
@@ -623,13 +672,15 @@ impl CtxFs {
             Area::ClassDir | Area::DataRoot | Area::ControlDir => Err(err(libc::EISDIR)),
             Area::Object | Area::Socket | Area::Control(_) => {
                 let fd = self.storage.open_rel(rel, read_flags, 0)?;
-                Ok((Handle::File(File::from(fd)), OpenOptions::empty()))
+                let opts = self.file_options(ino, &fd, false)?;
+                Ok((Handle::File(File::from(fd)), opts))
             }
             Area::Data => {
                 let keep = OFlags::from_bits_retain(flags)
                     & (OFlags::ACCMODE | OFlags::TRUNC | OFlags::APPEND | OFlags::SYNC | OFlags::DSYNC);
                 let fd = self.storage.open_rel(rel, keep, 0)?;
-                Ok((Handle::File(File::from(fd)), OpenOptions::empty()))
+                let opts = self.file_options(ino, &fd, write)?;
+                Ok((Handle::File(File::from(fd)), opts))
             }
         }
     }
@@ -1038,7 +1089,7 @@ impl FileSystem for CtxFs {
             }
             _ => {
                 let rel = self.rel(ino)?;
-                self.open_backed(&rel, flags)?
+                self.open_backed(ino, &rel, flags)?
             }
         };
         Ok((Some(self.new_handle(ino, h)), opts, None))
@@ -1082,7 +1133,9 @@ impl FileSystem for CtxFs {
                     }
                     Err(e) => return Err(e.into()),
                 };
-                (Handle::File(File::from(fd)), OpenOptions::empty())
+                // A new file: its inode's stamp (if any) is cleared below, once the inode is
+                // known, so that the next read-only open drops whatever the kernel had cached.
+                (Handle::File(File::from(fd)), noflush())
             }
             Area::SessionLog => {
                 let mode = args.mode & !args.umask & 0o7777;
@@ -1118,6 +1171,9 @@ impl FileSystem for CtxFs {
             _ => return Err(err(libc::EPERM)),
         };
         let entry = self.lookup_backed(rel)?;
+        if matches!(h, Handle::File(_)) {
+            lock(&self.inodes).restamp(entry.inode, None);
+        }
         Ok((entry, Some(self.new_handle(entry.inode, h)), opts, None))
     }
 
@@ -1340,16 +1396,47 @@ impl FileSystem for CtxFs {
         Err(err(libc::EPERM))
     }
 
+    /// In the host view, a storage directory's listing is cached by the kernel (CACHE_DIR) and
+    /// kept across opens while the backing directory is unchanged (KEEP_CACHE): what the host
+    /// view shows of a directory depends only on its entries (and, for `<name>.d`, on `<name>`
+    /// in the same directory). The kernel drops the cache itself when it changes the directory
+    /// through this mount. A listing filled while another handle of the directory is open
+    /// might be older than the stamp recorded last, so then nothing is cached or kept. Agent
+    /// views filter listings by policy, which changes without the directory changing: never
+    /// cached there.
     fn opendir(&self, _ctx: &Context, ino: u64, _flags: u32) -> io::Result<(Option<u64>, OpenOptions)> {
         self.stats.count("readdir");
-        let listing = self.dir_listing(ino)?;
-        Ok((Some(self.new_handle(ino, Handle::Dir(listing))), OpenOptions::empty()))
+        let cacheable = self.view.is_none() && ino >= LAYOUT_FIRST;
+        // Stamp before listing, so that the listing is never older than its stamp.
+        let stamp = if cacheable {
+            let rel = self.rel(ino)?;
+            Some(stamp_of(&self.storage.stat(&rel)?))
+        } else {
+            None
+        };
+        let listing = if cacheable { None } else { Some(self.dir_listing(ino)?) };
+        let id = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        let mut handles = lock(&self.handles);
+        let mut opts = OpenOptions::empty();
+        if cacheable {
+            // The kernel opens directories only with OPENDIR: every handle of `ino` is a listing.
+            let alone = !handles.values().any(|(i, _)| *i == ino);
+            let stamp = stamp.filter(|_| alone);
+            if lock(&self.inodes).restamp(ino, stamp) {
+                opts |= OpenOptions::KEEP_CACHE;
+            }
+            if alone {
+                opts |= OpenOptions::CACHE_DIR;
+            }
+        }
+        handles.insert(id, (ino, Arc::new(Mutex::new(Handle::Dir(listing)))));
+        Ok((Some(id), opts))
     }
 
     fn readdir(
         &self,
         _ctx: &Context,
-        _ino: u64,
+        ino: u64,
         handle: u64,
         _size: u32,
         offset: u64,
@@ -1357,8 +1444,12 @@ impl FileSystem for CtxFs {
     ) -> io::Result<()> {
         self.stats.count("readdir");
         let h = self.handle(handle)?;
-        let h = lock(&h);
-        let Handle::Dir(listing) = &*h else { return Err(err(libc::ENOTDIR)) };
+        let mut h = lock(&h);
+        let Handle::Dir(listing) = &mut *h else { return Err(err(libc::ENOTDIR)) };
+        let listing = match listing {
+            Some(l) => l,
+            None => listing.insert(self.dir_listing(ino)?),
+        };
         let skip = usize::try_from(offset).unwrap_or(usize::MAX);
         for (i, (name, ino, t)) in listing.iter().enumerate().skip(skip) {
             let e = DirEntry {

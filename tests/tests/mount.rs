@@ -331,3 +331,38 @@ fn agent_views_show_only_what_the_agent_may_use() {
         .unwrap();
     assert_eq!(out.status.code(), Some(13), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// The host view lets the kernel keep a data file's pages and a directory's listing across opens
+/// (KEEP_CACHE, CACHE_DIR) only while the backing file is unchanged: a change made in storage
+/// directly (as `ctx object install` or another view makes them) shows at the next open.
+#[test]
+fn kept_caches_drop_when_storage_changes_behind_the_mount() {
+    let s = Served::start();
+    fs::create_dir_all(s.storage.join("home/0/c")).unwrap();
+    let (file, backing) = (s.p("home/0/c/f"), s.storage.join("home/0/c/f"));
+    fs::write(&file, b"one").unwrap();
+    for _ in 0..3 {
+        assert_eq!(fs::read(&file).unwrap(), b"one", "cached and kept");
+    }
+    // Same size, new contents, written behind the mount.
+    fs::write(&backing, b"two").unwrap();
+    assert_eq!(fs::read(&file).unwrap(), b"two", "the next open drops the kept pages");
+    fs::write(&file, b"three").unwrap();
+    assert_eq!(fs::read(&file).unwrap(), b"three", "writes through the mount are seen at once");
+    let list = |d: &Path| {
+        let mut n: Vec<String> =
+            fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        n.sort();
+        n
+    };
+    let dir = s.p("home/0/c");
+    for _ in 0..3 {
+        assert_eq!(list(&dir), ["f"]);
+    }
+    fs::write(s.storage.join("home/0/c/g"), b"").unwrap();
+    assert_eq!(list(&dir), ["f", "g"], "the next opendir drops the kept listing");
+    fs::write(s.p("home/0/c/h"), b"").unwrap();
+    assert_eq!(list(&dir), ["f", "g", "h"], "creates through the mount are listed at once");
+    fs::remove_file(s.storage.join("home/0/c/g")).unwrap();
+    assert_eq!(list(&dir), ["f", "h"]);
+}

@@ -1,0 +1,240 @@
+//! The `/ctx` host view against native tmpfs, in one run, on the same tree.
+//!
+//! Mounts a tmpfs of its own, builds the tree (1,000 files of 4 KiB and one 256 MiB file) twice
+//! in it: once as its `home/0/bench/`, once as `home/0/bench/` of a CortexFS storage that this
+//! process serves through an in-process mount (one `Pool`, as `ctx mount` does). Both sides
+//! then run the same loops; the table gives the median of several rounds and the ratio native
+//! time / CortexFS time (1.0x or more: as fast as native).
+//!
+//! - cached stat: `stat` of the same file, again and again (path walk from the mount point).
+//! - cached open + read 4 KiB + close of one file.
+//! - readdir: open, list all 1,000 entries, close.
+//! - 1 MiB sequential read: open the 256 MiB file, read it in 1 MiB `read`s, close.
+//! - uncached requests/s, 2 threads: each thread `statx`es its own 500 files with
+//!   `AT_STATX_FORCE_SYNC`, which makes the kernel send a GETATTR whatever its caches hold. The
+//!   rate is the number of requests the server counted in its `status` file (`requests`) during
+//!   the run, divided by the time; it is shown next to the number of client calls.
+//!
+//! Needs root and /dev/fuse; prints "not run" otherwise.
+
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rustix::fs::{AtFlags, Mode, OFlags, StatxFlags};
+use server::transport::pool::Pool;
+use server::{Config, CtxFs};
+
+const FILES: usize = 1000;
+const SMALL: usize = 4096;
+const BIG: usize = 256 << 20;
+const CHUNK: usize = 1 << 20;
+const ROUNDS: usize = 7;
+
+/// Iterations run by `per_op` so far (warm-up included), to give requests per iteration.
+static ITERATIONS: AtomicU64 = AtomicU64::new(0);
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Median over `ROUNDS` rounds of the time per iteration of `f`, after one warm-up round.
+fn per_op(iters: usize, mut f: impl FnMut()) -> Duration {
+    ITERATIONS.fetch_add((iters.min(100) + ROUNDS * iters) as u64, Ordering::Relaxed);
+    for _ in 0..iters.min(100) {
+        f();
+    }
+    let rounds = (0..ROUNDS)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                f();
+            }
+            t.elapsed().as_secs_f64() / iters as f64
+        })
+        .collect();
+    Duration::from_secs_f64(median(rounds))
+}
+
+fn build(dir: &Path) {
+    std::fs::create_dir_all(dir).expect("tree dir");
+    let small = vec![b'x'; SMALL];
+    for i in 0..FILES {
+        std::fs::write(dir.join(format!("f{i:04}")), &small).expect("small file");
+    }
+    let chunk = vec![b'y'; CHUNK];
+    let mut f = std::fs::File::create(dir.join("big")).expect("big file");
+    for _ in 0..BIG / CHUNK {
+        std::io::Write::write_all(&mut f, &chunk).expect("big write");
+    }
+}
+
+fn stat_same(dir: &Path) -> Duration {
+    let p = CString::new(dir.join("f0001").into_os_string().into_encoded_bytes()).expect("path");
+    per_op(200_000, || {
+        rustix::fs::stat(p.as_c_str()).expect("stat");
+    })
+}
+
+fn open_read_close(dir: &Path) -> Duration {
+    let p = CString::new(dir.join("f0002").into_os_string().into_encoded_bytes()).expect("path");
+    let mut buf = vec![0u8; SMALL];
+    per_op(50_000, || {
+        let fd =
+            rustix::fs::open(p.as_c_str(), OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).expect("open");
+        let n = rustix::io::read(&fd, &mut buf).expect("read");
+        assert_eq!(n, SMALL);
+    })
+}
+
+fn readdir(dir: &Path) -> Duration {
+    per_op(500, || {
+        let n = std::fs::read_dir(dir).expect("read_dir").count();
+        assert_eq!(n, FILES + 1);
+    })
+}
+
+fn seq_read(dir: &Path) -> Duration {
+    let p = dir.join("big");
+    let mut buf = vec![0u8; CHUNK];
+    per_op(3, || {
+        let fd = rustix::fs::open(&p, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).expect("open");
+        let mut total = 0;
+        loop {
+            let n = rustix::io::read(&fd, &mut buf).expect("read");
+            if n == 0 {
+                break;
+            }
+            total += n;
+        }
+        assert_eq!(total, BIG);
+    })
+}
+
+/// Forced (uncached) `statx` calls by 2 threads for `secs`: (calls, elapsed).
+fn uncached(dir: &Path, secs: f64) -> (u64, Duration) {
+    let t = Instant::now();
+    let calls: u64 = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..2)
+            .map(|w| {
+                s.spawn(move || {
+                    let dirfd = rustix::fs::open(dir, OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+                        .expect("dir");
+                    let names: Vec<CString> = (w * FILES / 2..(w + 1) * FILES / 2)
+                        .map(|i| CString::new(format!("f{i:04}")).expect("name"))
+                        .collect();
+                    let mut n = 0u64;
+                    while t.elapsed().as_secs_f64() < secs {
+                        for name in &names {
+                            rustix::fs::statx(
+                                &dirfd,
+                                name.as_c_str(),
+                                AtFlags::STATX_FORCE_SYNC,
+                                StatxFlags::BASIC_STATS,
+                            )
+                            .expect("statx");
+                        }
+                        n += names.len() as u64;
+                    }
+                    n
+                })
+            })
+            .collect();
+        workers.into_iter().map(|h| h.join().expect("worker")).sum()
+    });
+    (calls, t.elapsed())
+}
+
+fn requests(mnt: &Path) -> u64 {
+    let s = std::fs::read_to_string(mnt.join("status")).expect("status");
+    s.lines().find_map(|l| l.strip_prefix("requests ")?.parse().ok()).expect("requests line")
+}
+
+fn fmt(d: Duration) -> String {
+    let ns = d.as_secs_f64() * 1e9;
+    if ns < 10_000.0 { format!("{ns:.0} ns") } else { format!("{:.1} us", ns / 1e3) }
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list" || a == "--test") {
+        return;
+    }
+    if !rustix::process::geteuid().is_root() || !Path::new("/dev/fuse").exists() {
+        println!("server_fs: needs root and /dev/fuse; not run");
+        return;
+    }
+    let cores = std::thread::available_parallelism().map_or(2, |c| c.get());
+    let top = tempfile::tempdir_in("/var/tmp").expect("dir");
+    let tmpfs = top.path().join("tmpfs");
+    std::fs::create_dir(&tmpfs).expect("tmpfs dir");
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1g", "benchtmpfs"])
+        .arg(&tmpfs)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        println!("server_fs: cannot mount a tmpfs; not run");
+        return;
+    }
+    // The same depth below each mount point, so that path walks cost the same.
+    let native = tmpfs.join("home/0/bench");
+    let storage = tmpfs.join("storage");
+    build(&native);
+    build(&storage.join("home/0/bench"));
+
+    let config = Config { storage, bins: Vec::new(), view: None, view_count: Arc::new(AtomicU64::new(0)) };
+    let pool = Pool::new(cores).expect("pool");
+    let mnt = top.path().join("ctx");
+    std::fs::create_dir(&mnt).expect("mnt");
+    let host = pool.mount(Arc::new(CtxFs::new(config).expect("fs")), &mnt).expect("mount");
+    let ctx: PathBuf = mnt.join("home/0/bench");
+
+    type Case = (&'static str, fn(&Path) -> Duration);
+    let cases: [Case; 4] = [
+        ("cached stat (same file)", stat_same),
+        ("cached open + read 4 KiB + close", open_read_close),
+        ("readdir of 1,000 entries", readdir),
+        ("256 MiB in 1 MiB reads (open, read all, close)", seq_read),
+    ];
+    println!("| benchmark | native tmpfs | cortexfs | native / cortexfs | FUSE requests per iteration |");
+    println!("|---|---:|---:|---:|---:|");
+    for (name, f) in cases {
+        let n = f(&native);
+        let (r0, i0) = (requests(&mnt), ITERATIONS.load(Ordering::Relaxed));
+        let c = f(&ctx);
+        // Less one request: the read of `status` itself.
+        let served = requests(&mnt) - r0 - 1;
+        let per_iter = served as f64 / (ITERATIONS.load(Ordering::Relaxed) - i0) as f64;
+        let extra = if name.starts_with("256") {
+            let gib = |d: Duration| BIG as f64 / d.as_secs_f64() / f64::from(1u32 << 30);
+            format!(" ({:.2} / {:.2} GiB/s)", gib(n), gib(c))
+        } else {
+            String::new()
+        };
+        println!(
+            "| {name}{extra} | {} | {} | {:.2}x | {per_iter:.3} |",
+            fmt(n),
+            fmt(c),
+            n.as_secs_f64() / c.as_secs_f64()
+        );
+    }
+    let (ncalls, nt) = uncached(&native, 2.0);
+    let before = requests(&mnt);
+    let (ccalls, ct) = uncached(&ctx, 2.0);
+    let served = requests(&mnt) - before;
+    let rate = |n: u64, d: Duration| n as f64 / d.as_secs_f64();
+    println!(
+        "| uncached: forced `statx`, 2 threads | {:.0} calls/s | {:.0} requests/s ({:.0} calls/s) | {:.2}x (calls) | {:.2} |",
+        rate(ncalls, nt),
+        rate(served, ct),
+        rate(ccalls, ct),
+        rate(ccalls, ct) / rate(ncalls, nt),
+        served as f64 / ccalls as f64
+    );
+    pool.unmount(host).expect("unmount");
+    pool.shutdown();
+    let _ = rustix::mount::unmount(&tmpfs, rustix::mount::UnmountFlags::DETACH);
+}
