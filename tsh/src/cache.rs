@@ -1,4 +1,4 @@
-//! The resolution cache: a small W-TinyLFU keyed by tool name (spec §3, issue 5).
+//! The resolution cache: a small W-TinyLFU keyed by tool name (spec §3).
 //!
 //! Layout, for `capacity` unpinned entries and `window_percent` (1..=99):
 //!
