@@ -713,6 +713,26 @@ impl CtxFs {
         }
     }
 
+    /// `unlink` and `rmdir`: only data can be removed through the mount (objects and controls
+    /// leave with `ctx object uninstall`; session logs are append-only).
+    fn remove(&self, parent: u64, name: &CStr, flags: AtFlags) -> io::Result<()> {
+        self.stats.count("unlink");
+        if parent == ROOT || parent == BIN {
+            return Err(err(libc::EROFS));
+        }
+        let rel = self.rel(parent)?.join(component(name)?);
+        self.may_write(&rel)?;
+        match classify(&rel) {
+            Some(Area::Data) => {}
+            Some(_) => return Err(err(libc::EPERM)),
+            None => return Err(err(libc::ENOENT)),
+        }
+        let (dir, leaf) = self.storage.parent_of(&rel)?;
+        rustix::fs::unlinkat(&dir, leaf, flags).map_err(ioerr)?;
+        lock(&self.inodes).detach(&rel);
+        Ok(())
+    }
+
     fn dir_listing(&self, ino: u64) -> io::Result<Vec<(Vec<u8>, u64, u32)>> {
         let mut out =
             vec![(b".".to_vec(), ino, libc::DT_DIR as u32), (b"..".to_vec(), ROOT, libc::DT_DIR as u32)];
@@ -981,39 +1001,11 @@ impl FileSystem for CtxFs {
     }
 
     fn unlink(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
-        self.stats.count("unlink");
-        if parent == ROOT || parent == BIN {
-            return Err(err(libc::EROFS));
-        }
-        let rel = self.rel(parent)?.join(component(name)?);
-        self.may_write(&rel)?;
-        match classify(&rel) {
-            Some(Area::Data) => {}
-            Some(_) => return Err(err(libc::EPERM)),
-            None => return Err(err(libc::ENOENT)),
-        }
-        let (dir, leaf) = self.storage.parent_of(&rel)?;
-        rustix::fs::unlinkat(&dir, leaf, AtFlags::empty()).map_err(ioerr)?;
-        lock(&self.inodes).detach(&rel);
-        Ok(())
+        self.remove(parent, name, AtFlags::empty())
     }
 
     fn rmdir(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
-        self.stats.count("unlink");
-        if parent == ROOT || parent == BIN {
-            return Err(err(libc::EROFS));
-        }
-        let rel = self.rel(parent)?.join(component(name)?);
-        self.may_write(&rel)?;
-        match classify(&rel) {
-            Some(Area::Data) => {}
-            Some(_) => return Err(err(libc::EPERM)),
-            None => return Err(err(libc::ENOENT)),
-        }
-        let (dir, leaf) = self.storage.parent_of(&rel)?;
-        rustix::fs::unlinkat(&dir, leaf, AtFlags::REMOVEDIR).map_err(ioerr)?;
-        lock(&self.inodes).detach(&rel);
-        Ok(())
+        self.remove(parent, name, AtFlags::REMOVEDIR)
     }
 
     fn rename(
