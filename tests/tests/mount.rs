@@ -299,6 +299,21 @@ fn agent_views_show_only_what_the_agent_may_use() {
     fs::write(st.join("tool/hello.d/policy"), "").unwrap();
     assert_eq!(names(&v1.join("tool")), ["hidden", "hidden.d"], "the tool's own policy counts too");
 
+    // Mode bits still decide inside a view: nobody can read what the view shows but cannot
+    // write root's files, even where the agent's policy grants write.
+    let as_nobody = |script: String| {
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--", "sh", "-c", &script])
+            .output()
+            .unwrap()
+    };
+    let out = as_nobody(format!("cat {}/tool/hidden.d/policy", v1.display()));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("tool:hidden"), "{out:?}");
+    let out = as_nobody(format!("echo x > {}/shared/proj/data/y", v1.display()));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Permission denied"), "{out:?}");
+    let out = as_nobody(format!("ls {}/home/2000", v1.display()));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("No such file"), "{out:?}");
+
     // Default view paths live under /run/cortexfs/view, which only root may walk.
     let session = format!("t{}", std::process::id());
     let out = ctx(&["view", "create", "--agent", "coder", "--session", &session, "--control", control]);
