@@ -34,4 +34,5 @@ fuzz-smoke:
 	done
 
 bench:
+	$(CARGO) build --release --workspace --bins
 	$(CARGO) bench -p bench

@@ -21,7 +21,6 @@ pub const INVALID: u8 = 2;
 /// Permission denied.
 pub const DENIED: u8 = 13;
 /// Service unavailable.
-#[allow(dead_code)]
 pub const UNAVAILABLE: u8 = 69;
 /// Internal error.
 pub const INTERNAL: u8 = 70;

@@ -33,6 +33,16 @@ enum Command {
     /// Create, list and remove agent views (root; through the daemon's control socket).
     #[command(subcommand)]
     View(cmd::view::Cmd),
+    /// Install the default layout, the core tools and tsh into storage (idempotent).
+    Bootstrap(cmd::bootstrap::Args),
+    /// Run a safe core CLI (tsh.config); every other tool runs through tsh.
+    Tool {
+        /// The tool.
+        name: String,
+        /// Its arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Check a name against the object name grammar.
     ValidateName {
         /// The name.
@@ -64,6 +74,8 @@ fn main() -> ExitCode {
         Command::Object(c) => cmd::object::run(c),
         Command::Queue(c) => cmd::queue::run(c),
         Command::View(c) => cmd::view::run(c),
+        Command::Bootstrap(a) => cmd::bootstrap::run(a),
+        Command::Tool { name, args } => cmd::tool::run(&name, &args),
         Command::ValidateName { name, mcp } => cmd::name::run(&name, mcp),
     };
     match result {

@@ -47,7 +47,8 @@ pub enum Owner {
     Runtime,
 }
 
-const TOOL_HOST: &[&str] = &["name", "description", "schema", "cap", "policy", "mcp", "program", "origin"];
+const TOOL_HOST: &[&str] =
+    &["name", "description", "schema", "cap", "policy", "mcp", "program", "origin", "config"];
 const AGENT_HOST: &[&str] = &[
     "owner",
     "uid",
@@ -187,6 +188,11 @@ pub fn validate(class: ObjectClass, object: &str, control: &str, bytes: &[u8]) -
         }),
         "schema" | "program" | "meta.json" => json_object(bytes).map(drop),
         "mcp" => parse_mcp_locator(bytes).map(drop),
+        "config" if object == "tsh" => crate::tshconf::parse_config(bytes).map(drop).map_err(|errs| {
+            let lines: Vec<String> = errs.iter().map(ToString::to_string).collect();
+            lines.join("; ")
+        }),
+        "config" => Err(format!("only tsh has a config control, not {object:?}")),
         "mount" => crate::mount::parse(bytes).map(drop).map_err(|errs| {
             let lines: Vec<String> = errs.iter().map(ToString::to_string).collect();
             lines.join("; ")
@@ -244,6 +250,9 @@ mod tests {
         assert!(validate(Agent, "a", "label", b"a t\n").is_err());
         assert!(validate(Tool, "x", "description", &vec![b'a'; CONTROL_MAX + 1]).is_err());
         assert!(validate(Tool, "x", "status", b"").is_ok());
+        assert!(validate(Tool, "tsh", "config", b"# tsh\ncache_capacity=64\n").is_ok());
+        assert!(validate(Tool, "tsh", "config", b"cache_capacity=0\n").is_err());
+        assert!(validate(Tool, "fs.read", "config", b"cache_capacity=64\n").is_err());
     }
 
     #[test]

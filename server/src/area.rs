@@ -23,6 +23,9 @@ pub enum Area {
     Data,
     /// A session's `messages.jsonl` or `events.jsonl`: append-only, group-committed.
     SessionLog,
+    /// An object's `.d/log` (spec §6): append-only, group-committed, written by the runtime
+    /// (tsh appends one line per tool call) and never rewritten.
+    ObjectLog,
 }
 
 fn names(rel: &Path) -> Vec<&str> {
@@ -49,7 +52,13 @@ pub fn classify(rel: &Path) -> Option<Area> {
             if last.starts_with('.') {
                 None
             } else if let Some(i) = rest.iter().position(|c| c.ends_with(".d")) {
-                Some(if i + 1 == rest.len() { Area::ControlDir } else { Area::Control(Owner::Host) })
+                Some(if i + 1 == rest.len() {
+                    Area::ControlDir
+                } else if i + 2 == rest.len() && *last == "log" {
+                    Area::ObjectLog
+                } else {
+                    Area::Control(Owner::Host)
+                })
             } else if last.ends_with(".sock") {
                 Some(Area::Socket)
             } else {
@@ -74,6 +83,7 @@ fn object(class: ObjectClass, name: &str, rest: &[&str]) -> Option<Area> {
     let control = rest.join("/");
     match rest {
         ["hooks"] | ["hooks", "pre.d" | "post.d"] => Some(Area::ControlDir),
+        ["log"] => Some(Area::ObjectLog),
         _ => controls::classify(class, &control).map(Area::Control),
     }
 }
@@ -102,6 +112,8 @@ mod tests {
         assert_eq!(c("tool/fs.read.d"), Some(Area::ControlDir));
         assert_eq!(c("tool/fs.read.d/policy"), Some(Area::Control(Owner::Host)));
         assert_eq!(c("tool/fs.read.d/status"), Some(Area::Control(Owner::Runtime)));
+        assert_eq!(c("tool/fs.read.d/log"), Some(Area::ObjectLog));
+        assert_eq!(c("model/p/m.d/log"), Some(Area::ObjectLog));
         assert_eq!(c("tool/fs.read.d/hooks/pre.d"), Some(Area::ControlDir));
         assert_eq!(c("tool/fs.read.d/hooks/pre.d/10-x"), Some(Area::Control(Owner::Host)));
         assert_eq!(c("tool/fs.read.d/bogus"), None);

@@ -380,6 +380,7 @@ impl CtxFs {
         };
         match n.as_slice() {
             [_] => true,
+            ["tool", name, ..] if name.ends_with(".d") => a.tool_granted(&self.storage, &object(name)),
             ["tool", name, ..] => a.tool(&self.storage, &object(name)),
             ["agent", name, ..] => a.agent(&self.storage, &object(name)),
             ["model", rest @ ..] => {
@@ -420,7 +421,11 @@ impl CtxFs {
     /// Entry and attribute timeout for a storage path: policy-filtered entries are never cached
     /// in a view, so a revoked grant takes effect at once.
     fn timeout(&self, area: Area) -> Duration {
-        if area == Area::SessionLog || self.view.is_some() { Duration::ZERO } else { SHORT }
+        if matches!(area, Area::SessionLog | Area::ObjectLog) || self.view.is_some() {
+            Duration::ZERO
+        } else {
+            SHORT
+        }
     }
 
     /// The `status` file's contents, computed now.
@@ -513,6 +518,12 @@ impl CtxFs {
             Area::Object | Area::Control(Owner::Runtime) => attr.st_mode &= !0o222,
             Area::SessionLog if st.st_mode & libc::S_IFMT == libc::S_IFREG => {
                 attr.st_size = self.log(rel)?.len() as i64;
+            }
+            Area::ObjectLog if st.st_mode & libc::S_IFMT == libc::S_IFREG => {
+                attr.st_size = self.log(rel)?.len() as i64;
+                // Runtime-written: on the host only root appends; in a view the agent appends
+                // (tsh records its calls) but does not read other agents' records.
+                attr.st_mode = (attr.st_mode & !0o7777) | if self.view.is_some() { 0o622 } else { 0o644 };
             }
             _ => {}
         }
@@ -663,7 +674,7 @@ impl CtxFs {
                     OpenOptions::DIRECT_IO,
                 ))
             }
-            Area::SessionLog => {
+            Area::SessionLog | Area::ObjectLog => {
                 if flags as i32 & libc::O_TRUNC != 0 {
                     return Err(err(libc::EPERM));
                 }
@@ -707,6 +718,7 @@ impl CtxFs {
         self.may_write(&rel)?;
         match (classify(&dir), area) {
             (_, Area::Data | Area::SessionLog) => Ok((rel, area)),
+            (Some(Area::ControlDir), Area::ObjectLog) => Ok((rel, area)),
             (Some(Area::ControlDir), Area::Control(Owner::Host | Owner::SelfUpdatable)) => Ok((rel, area)),
             (Some(Area::DataRoot), _) => Ok((rel, Area::Data)),
             _ => Err(err(libc::EPERM)),
@@ -915,14 +927,15 @@ impl FileSystem for CtxFs {
                 let (attr, _) = self.backed_attr(&rel, ino)?;
                 return Ok((attr, Duration::ZERO));
             }
-            Area::SessionLog if !valid.contains(SetattrValid::SIZE) => {}
+            Area::SessionLog | Area::ObjectLog if !valid.contains(SetattrValid::SIZE) => {}
             _ if valid.intersects(SetattrValid::SIZE) => return Err(err(libc::EPERM)),
             Area::ClassDir
             | Area::Object
             | Area::Socket
             | Area::ControlDir
             | Area::Control(_)
-            | Area::SessionLog => {
+            | Area::SessionLog
+            | Area::ObjectLog => {
                 return Err(err(libc::EPERM));
             }
         }
@@ -1142,6 +1155,19 @@ impl FileSystem for CtxFs {
                 drop(fd);
                 (Handle::Log(self.log(&rel)?), OpenOptions::DIRECT_IO)
             }
+            Area::ObjectLog => {
+                // The object's own log, missing when the object predates it: root-owned,
+                // like every file of an installed object.
+                let fd = rustix::fs::openat(
+                    &dir,
+                    leaf,
+                    OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(0o644),
+                )
+                .map_err(ioerr)?;
+                drop(fd);
+                (Handle::Log(self.log(&rel)?), OpenOptions::DIRECT_IO)
+            }
             Area::Control(_) => {
                 let fd = rustix::fs::openat(
                     &dir,
@@ -1345,6 +1371,7 @@ impl FileSystem for CtxFs {
                 Some(Area::DataRoot) => "space",
                 Some(Area::Data) => "data",
                 Some(Area::SessionLog) => "session-log",
+                Some(Area::ObjectLog) => "object-log",
                 None => return Err(err(libc::ENOENT)),
             },
         };

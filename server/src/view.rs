@@ -7,7 +7,8 @@
 //!
 //! In a view:
 //! - `tool/<n>` exists iff `allow <label> tool:<n> execute` is in the agent's policy and in the
-//!   tool's own policy (spec §3: only tools that pass the check are listed);
+//!   tool's own policy (spec §3: only tools that pass the check are listed); `tool/<n>.d/` exists
+//!   iff the agent's policy grants it, so a refusal by the tool's own policy can be explained;
 //! - `model/<n>` iff the agent holds `model:<n> use` (and the model's own policy, when it has
 //!   one, agrees); `agent/<n>` for the agent itself and agents it holds `agent:<n> read` on;
 //! - `home/` shows only `home/<uid>/` of the agent's uid;
@@ -119,6 +120,13 @@ impl Authority {
         let Some(label) = self.label(storage) else { return false };
         let Some(p) = self.policy(storage, &self.agent_dir().join("policy")) else { return false };
         p.allows(&Query { subject: &label, class, object, permission })
+    }
+
+    /// Whether the agent's own policy grants `tool:<name> execute`. Such a tool's controls
+    /// (`tool/<name>.d/`) are visible even when the tool's own policy refuses, so that tsh can
+    /// say which side refused; the executable needs both ([`Authority::tool`]).
+    pub fn tool_granted(&self, storage: &Storage, name: &str) -> bool {
+        self.agent_allows(storage, Class::Tool, name, Permission::Execute)
     }
 
     /// Whether the agent may execute (and so see) `tool/<name>`: both policies must allow it.

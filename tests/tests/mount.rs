@@ -283,9 +283,13 @@ fn agent_views_show_only_what_the_agent_may_use() {
 
     assert_eq!(names(&v1), ["agent", "bin", "home", "model", "shared", "status", "tool"]);
     // Both policies must allow a tool; anything else does not exist in the view.
-    assert_eq!(names(&v1.join("tool")), ["hello", "hello.d"]);
+    // `mine` is granted by the agent's policy but not its own: its controls are visible (so
+    // the refusal can be explained), its executable is not.
+    assert_eq!(names(&v1.join("tool")), ["hello", "hello.d", "mine.d"]);
     assert_eq!(errno(fs::metadata(v1.join("tool/hidden"))), libc::ENOENT);
-    assert_eq!(errno(fs::metadata(v1.join("tool/mine.d/policy"))), libc::ENOENT);
+    assert_eq!(errno(fs::metadata(v1.join("tool/hidden.d/policy"))), libc::ENOENT);
+    assert_eq!(errno(fs::metadata(v1.join("tool/mine"))), libc::ENOENT);
+    assert!(fs::read_to_string(v1.join("tool/mine.d/policy")).unwrap().contains("someone_t"));
     assert_eq!(names(&v1.join("agent")), ["coder", "coder.d"]);
     assert_eq!(names(&v1.join("home")), ["1000"], "another agent's home is invisible");
     assert_eq!(names(&v1.join("shared")), ["proj"]);
@@ -297,7 +301,10 @@ fn agent_views_show_only_what_the_agent_may_use() {
     assert_eq!(names(&v1.join("tool")), ["hello", "hello.d", "hidden", "hidden.d"]);
     fs::write(v1.join("shared/proj/data/x"), b"x").unwrap();
     fs::write(st.join("tool/hello.d/policy"), "").unwrap();
-    assert_eq!(names(&v1.join("tool")), ["hidden", "hidden.d"], "the tool's own policy counts too");
+    // The tool's own policy counts too; its controls stay visible (the agent's policy grants
+    // it), so a refusal can be explained.
+    assert_eq!(names(&v1.join("tool")), ["hello.d", "hidden", "hidden.d"]);
+    assert_eq!(errno(fs::metadata(v1.join("tool/hello"))), libc::ENOENT);
 
     // Mode bits still decide inside a view: nobody can read what the view shows but cannot
     // write root's files, even where the agent's policy grants write.
@@ -330,7 +337,7 @@ fn agent_views_show_only_what_the_agent_may_use() {
     assert_eq!(String::from_utf8_lossy(&ls.stdout).lines().count(), 2);
     assert!(ctx(&["view", "rm", v2.to_str().unwrap(), "--control", control]).status.success());
     assert!(fs::read_dir(&v2).unwrap().next().is_none(), "v2 unmounted");
-    assert_eq!(names(&v1.join("tool")), ["hidden", "hidden.d"], "v1 undisturbed");
+    assert_eq!(names(&v1.join("tool")), ["hello.d", "hidden", "hidden.d"], "v1 undisturbed");
 
     // A view whose agent is deleted becomes empty and refuses.
     fs::remove_file(st.join("agent/coder")).unwrap();

@@ -1,11 +1,49 @@
-//! The CortexFS tool shell.
+//! The CortexFS tool shell (spec §3).
 //!
-//! - [`cache`]: the W-TinyLFU resolution cache (tool name to resolved path), with pinning.
+//! - [`context`]: the `/ctx` root, the agent terminal context read from the view's `status`, and
+//!   the `CTX_PATH` in force (`.tshrc`, environment, default; injected in an agent terminal);
+//! - [`resolve`]: lookup through `CTX_PATH`, cached in [`cache`], the W-TinyLFU resolution cache;
+//! - [`run`]: a tool run: both policies, hooks, the process, the `tool.call` record;
+//! - [`shell`]: the built-ins and the working set (`load`, `pin`).
 //!
-//! It will also hold `CTX_PATH` resolution, `load`/`pin` of tool metadata and tool runs that
-//! append `tool.call` events. It talks to `/ctx` as files, like any client, and never links the
-//! server. Depends on `policy` only (plus small data-structure crates).
+//! tsh talks to `/ctx` as files, like any client, and never links the server.
 
 #![forbid(unsafe_code)]
 
 pub mod cache;
+pub mod context;
+pub mod resolve;
+pub mod run;
+pub mod shell;
+
+/// Why a command failed, with its stable exit code.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fail {
+    /// Exit 1: the command failed.
+    Failed(String),
+    /// Exit 2: usage or invalid input.
+    Usage(String),
+    /// Exit 13: refused by authority (a policy or a hook).
+    Denied(String),
+    /// Exit 69: unavailable here (no agent terminal context).
+    Unavailable(String),
+}
+
+impl Fail {
+    /// The stable exit code.
+    pub fn code(&self) -> i32 {
+        match self {
+            Fail::Failed(_) => 1,
+            Fail::Usage(_) => 2,
+            Fail::Denied(_) => 13,
+            Fail::Unavailable(_) => 69,
+        }
+    }
+
+    /// The message.
+    pub fn message(&self) -> &str {
+        match self {
+            Fail::Failed(m) | Fail::Usage(m) | Fail::Denied(m) | Fail::Unavailable(m) => m,
+        }
+    }
+}
