@@ -54,12 +54,16 @@ struct Cached {
 pub struct Authority {
     spec: ViewSpec,
     cache: Mutex<HashMap<PathBuf, Cached>>,
+    texts: Mutex<HashMap<PathBuf, TextEntry>>,
 }
+
+/// A cached small control: its stat key and its text.
+type TextEntry = ((u64, i64, i64, i64), Option<std::sync::Arc<str>>);
 
 impl Authority {
     /// The authority of `spec`.
     pub fn new(spec: ViewSpec) -> Authority {
-        Authority { spec, cache: Mutex::new(HashMap::new()) }
+        Authority { spec, cache: Mutex::new(HashMap::new()), texts: Mutex::new(HashMap::new()) }
     }
 
     /// The view's spec.
@@ -84,16 +88,31 @@ impl Authority {
         Some(s)
     }
 
+    /// A small control's text, cached by identity and change time like the policies.
+    fn text(&self, storage: &Storage, rel: &Path) -> Option<std::sync::Arc<str>> {
+        let st = storage.stat(rel).ok()?;
+        let key = (st.st_ino, st.st_ctime, st.st_ctime_nsec as i64, st.st_size);
+        let mut cache = self.texts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((k, t)) = cache.get(rel)
+            && *k == key
+        {
+            return t.clone();
+        }
+        let t: Option<std::sync::Arc<str>> = Self::read_small(storage, rel).map(Into::into);
+        cache.insert(rel.to_path_buf(), (key, t.clone()));
+        t
+    }
+
     /// The agent's label (policy subject), if it has a valid one.
     pub fn label(&self, storage: &Storage) -> Option<String> {
-        let l = Self::read_small(storage, &self.agent_dir().join("label"))?;
+        let l = self.text(storage, &self.agent_dir().join("label"))?;
         let l = l.trim_end_matches('\n').to_owned();
         policy::v0::check_subject(&l).ok().map(|()| l)
     }
 
     /// The agent's uid (from `uid`), if valid.
     pub fn uid(&self, storage: &Storage) -> Option<u32> {
-        Self::read_small(storage, &self.agent_dir().join("uid"))?.trim().parse().ok()
+        self.text(storage, &self.agent_dir().join("uid"))?.trim().parse().ok()
     }
 
     /// A compiled policy file, cached by identity and change time; `None` when missing or

@@ -314,12 +314,14 @@ fn record(
     let (a, b) = std::thread::scope(|s| {
         let t = log.as_ref().map(|p| s.spawn(|| append(p, &line)));
         let b = match &events {
-            Some(p) => {
-                if let Some(d) = p.parent() {
-                    let _ = std::fs::create_dir_all(d);
+            // The session directory exists once the first call is recorded.
+            Some(p) => append(p, &line).or_else(|e| {
+                let missing = p.parent().is_some_and(|d| !d.exists());
+                match p.parent() {
+                    Some(d) if missing && std::fs::create_dir_all(d).is_ok() => append(p, &line),
+                    _ => Err(e),
                 }
-                append(p, &line)
-            }
+            }),
             None => Ok(()),
         };
         (t.map(|t| t.join().unwrap_or_else(|_| Err("log writer panicked".into()))), b)
