@@ -24,6 +24,9 @@ enum Command {
     /// Check and test policy v0 files.
     #[command(subcommand)]
     Policy(cmd::policy::Cmd),
+    /// Create, list, inspect and remove agent objects.
+    #[command(subcommand)]
+    Agent(cmd::agent::Cmd),
     /// Check and install objects.
     #[command(subcommand)]
     Object(cmd::object::Cmd),
@@ -71,6 +74,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Mount(a) => cmd::mount::run(a),
         Command::Policy(c) => cmd::policy::run(c),
+        Command::Agent(c) => cmd::agent::run(c),
         Command::Object(c) => cmd::object::run(c),
         Command::Queue(c) => cmd::queue::run(c),
         Command::View(c) => cmd::view::run(c),

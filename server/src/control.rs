@@ -70,10 +70,23 @@ impl Views {
             return Err(format!("{} already serves a view", path.display()));
         }
         if path.starts_with(DEFAULT_VIEW_ROOT) {
-            // Views are reached by binding them into sandboxes; nobody else may walk in.
+            // Views are reached by binding them into sandboxes: the root may be passed through
+            // but not listed, and each agent's directory is its own (0700, the agent's uid), so
+            // only that agent's sandbox (and root) can reach its views.
             std::fs::create_dir_all(DEFAULT_VIEW_ROOT).map_err(|e| format!("{DEFAULT_VIEW_ROOT}: {e}"))?;
-            std::fs::set_permissions(DEFAULT_VIEW_ROOT, std::fs::Permissions::from_mode(0o700))
+            std::fs::set_permissions(DEFAULT_VIEW_ROOT, std::fs::Permissions::from_mode(0o711))
                 .map_err(|e| format!("{DEFAULT_VIEW_ROOT}: {e}"))?;
+            let own = Path::new(DEFAULT_VIEW_ROOT).join(agent);
+            std::fs::create_dir_all(&own).map_err(|e| format!("{}: {e}", own.display()))?;
+            std::fs::set_permissions(&own, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| format!("{}: {e}", own.display()))?;
+            let uid_file = self.base.storage.join("agent").join(format!("{agent}.d")).join("uid");
+            if let Some(uid) =
+                std::fs::read_to_string(uid_file).ok().and_then(|t| t.trim().parse::<u32>().ok())
+            {
+                rustix::fs::chown(&own, Some(rustix::fs::Uid::from_raw(uid)), None)
+                    .map_err(|e| format!("{}: {e}", own.display()))?;
+            }
         }
         std::fs::create_dir_all(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let spec = ViewSpec { agent: agent.to_owned(), session: session.to_owned() };

@@ -328,7 +328,9 @@ fn agent_views_show_only_what_the_agent_may_use() {
     let default_path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     assert_eq!(default_path, format!("/run/cortexfs/view/coder/{session}"));
     let mode = fs::metadata("/run/cortexfs/view").unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode, 0o700);
+    assert_eq!(mode, 0o711, "passed through, never listed");
+    let own = fs::metadata("/run/cortexfs/view/coder").unwrap();
+    assert_eq!((own.permissions().mode() & 0o777, own.uid()), (0o700, 1000), "the agent's own");
     assert!(ctx(&["view", "rm", &default_path, "--control", control]).status.success());
 
     // The host status counts views; ls lists them; removing one leaves the other.

@@ -1,6 +1,8 @@
 //! One module per `ctx` command group.
 
+pub mod agent;
 pub mod bootstrap;
+pub mod launch;
 pub mod mount;
 pub mod name;
 pub mod object;

@@ -45,7 +45,8 @@ pub enum Cmd {
     },
 }
 
-fn call(control: &std::path::Path, req: serde_json::Value) -> anyhow::Result<serde_json::Value> {
+/// Sends one request to the daemon's control socket; a refusal becomes an error.
+pub fn call(control: &std::path::Path, req: serde_json::Value) -> anyhow::Result<serde_json::Value> {
     let reply = server::control::request(control, &req).map_err(|e| {
         let code =
             if e.kind() == std::io::ErrorKind::PermissionDenied { exit::DENIED } else { exit::UNAVAILABLE };

@@ -1,0 +1,647 @@
+//! `ctx agent new|ls|inspect|rm`: agent objects in storage (spec §5).
+//!
+//! `new` writes a complete `agent/<NAME>` object through the object store, like bootstrap does for
+//! tools: the controls are generated, validated one by one, staged with a `cortexfs.object/v2`
+//! manifest, checked (digests included) and published atomically in the system tier. The
+//! executable is a small `/bin/sh` launcher for `ctx agent start NAME`. `rm` uninstalls through
+//! the same store and only shows its plan unless `--yes`.
+//!
+//! Defaults of `new`, chosen so that an agent holds nothing it was not given:
+//! - `uid` and `gid` are 65534 (nobody/nogroup) unless `--uid`/`--gid` name an identity, so a
+//!   fresh agent owns no files on the host; `groups` is empty;
+//! - `label` is the name with `.`, `-` and `+` turned into `_`, plus `_t` (`my-bot` ->
+//!   `my_bot_t`);
+//! - `policy` grants exactly what the flags ask: `tool:T execute` per `--tool`, `model:M use`
+//!   per `--model`, `shared:N read` (and `write`) per `--shared`, and `mount:TARGET read` (and
+//!   `write` for `rw`) per `--mount`, so each mount in the table is also authorized;
+//! - each `--mount` is `nosuid,nodev` unless its MODE names options (`rw,noexec`, or `ro,-` for
+//!   none);
+//! - `owner` is the uid running ctx; `cwd` is `/workspace`; `path` is
+//!   `/ctx/tool:/ctx/home/<uid>/tool`; `life` `owned`; `iso` `bwrap`; `abi` `1`; `approval`
+//!   `never`; `env` empty; `model` the first `--model` (or empty).
+//!
+//! Exit codes: 0 ok, 1 failure (exists, missing), 2 invalid input, 13 permission denied.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use clap::Subcommand;
+use policy::controls::{self, ObjectClass, Owner};
+use policy::mount::{Mount, MountMode, MountOptions};
+use policy::v0::Class;
+use ringfs::object::publish::{self, Tier};
+use sha2::{Digest, Sha256};
+
+use crate::cmd::launch;
+use crate::cmd::object::DEFAULT_STORAGE;
+use crate::exit::{self, Exit};
+use crate::out;
+
+/// The uid and gid of `nobody`, the identity of an agent created without one.
+const NOBODY: u32 = 65534;
+/// The options of a `--mount` whose MODE names none.
+const DEFAULT_MOUNT_OPTIONS: MountOptions = MountOptions { nosuid: true, nodev: true, noexec: false };
+
+/// Agent objects.
+#[derive(Debug, Subcommand)]
+pub enum Cmd {
+    /// Create agent/NAME with its controls; grants exactly what the flags ask.
+    New(NewArgs),
+    /// List installed agents: NAME, LABEL and UID, tab-separated, sorted by name.
+    Ls {
+        #[command(flatten)]
+        at: At,
+        /// Print a JSON array of {"name","label","uid"} objects.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print every control of agent/NAME (but its log) as `== CONTROL ==` and its contents.
+    Inspect {
+        #[command(flatten)]
+        at: At,
+        /// The agent.
+        name: String,
+    },
+    /// Remove agent/NAME: its executable first, then its controls. Shows the plan unless --yes.
+    Rm {
+        #[command(flatten)]
+        at: At,
+        /// The agent.
+        name: String,
+        /// Do it (without this, only print the plan).
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Start the agent's terminal in a bubblewrap sandbox; returns once it answers.
+    Start(StartArgs),
+    /// Stop a running agent session: SIGTERM, the grace period, SIGKILL; view and socket removed.
+    Stop {
+        /// The agent.
+        name: String,
+        /// The session.
+        #[arg(long, default_value = "default")]
+        session: String,
+    },
+    /// List running agent sessions: AGENT, SESSION, supervisor PID.
+    Ps,
+    /// Show an agent's terminal output (read only).
+    Watch {
+        /// The agent.
+        name: String,
+        /// The session.
+        #[arg(long, default_value = "default")]
+        session: String,
+    },
+    /// Join an agent's terminal: its output, and this terminal's input typed into it.
+    Attach {
+        /// The agent.
+        name: String,
+        /// The session.
+        #[arg(long, default_value = "default")]
+        session: String,
+    },
+    /// Type one line into an agent's terminal.
+    Send {
+        /// The agent.
+        name: String,
+        /// The session.
+        #[arg(long, default_value = "default")]
+        session: String,
+        /// The line.
+        text: String,
+    },
+    /// The supervisor of one sandbox (started by `start`).
+    #[command(hide = true)]
+    Supervise {
+        /// The launch contract.
+        contract: PathBuf,
+    },
+}
+
+/// Arguments of `ctx agent start`.
+#[derive(Debug, clap::Args)]
+pub struct StartArgs {
+    /// The agent.
+    name: String,
+    /// The session.
+    #[arg(long, default_value = "default")]
+    session: String,
+    /// The directory bound at /workspace (default: the current directory).
+    #[arg(long)]
+    cwd: Option<PathBuf>,
+    /// An extra mount: SOURCE TARGET ro|rw (TARGET may not be / or under /ctx).
+    #[arg(long, num_args = 3, value_names = ["SOURCE", "TARGET", "MODE"])]
+    mount: Vec<String>,
+    /// No /workspace.
+    #[arg(long)]
+    no_default_workspace: bool,
+    /// The host's /ctx mount.
+    #[arg(long, default_value = "/ctx")]
+    ctx: PathBuf,
+    /// The daemon's control socket.
+    #[arg(long, default_value = server::control::DEFAULT_SOCKET)]
+    control: PathBuf,
+    /// Wait until the terminal ends and exit with its status.
+    #[arg(long)]
+    wait: bool,
+    /// Seconds between SIGTERM and SIGKILL when stopping.
+    #[arg(long, default_value_t = 5)]
+    grace: u64,
+    /// The command (default: tsh).
+    #[arg(last = true)]
+    cmd: Vec<String>,
+}
+
+/// The storage agents live in (always the system tier).
+#[derive(Debug, clap::Args)]
+pub struct At {
+    /// The storage directory.
+    #[arg(long, default_value = DEFAULT_STORAGE)]
+    source: PathBuf,
+}
+
+/// Arguments of `ctx agent new`.
+#[derive(Debug, clap::Args)]
+pub struct NewArgs {
+    #[command(flatten)]
+    at: At,
+    /// The agent's name.
+    name: String,
+    /// Policy subject (default: NAME with . - + as _, plus _t).
+    #[arg(long, value_parser = parse_label)]
+    label: Option<String>,
+    /// Grant `model:M use`; the first is the agent's model (repeatable).
+    #[arg(long = "model", value_name = "M", value_parser = parse_model)]
+    models: Vec<String>,
+    /// Grant `tool:T execute` (repeatable).
+    #[arg(long = "tool", value_name = "T", value_parser = parse_tool)]
+    tools: Vec<String>,
+    /// Grant a shared space: N:read, or N:write for read and write (repeatable).
+    #[arg(long = "shared", value_name = "N:read|write", value_parser = parse_shared)]
+    shared: Vec<Shared>,
+    /// Bind SOURCE at TARGET; MODE is ro or rw, optionally with options (rw,noexec; ro,- for
+    /// none; default nosuid,nodev). TARGET may not be / or under /ctx (repeatable).
+    #[arg(
+        long = "mount",
+        num_args = 3,
+        value_names = ["SOURCE", "TARGET", "MODE"],
+        action = clap::ArgAction::Append
+    )]
+    mounts: Vec<String>,
+    /// The agent's uid.
+    #[arg(long, default_value_t = NOBODY)]
+    uid: u32,
+    /// The agent's primary gid.
+    #[arg(long, default_value_t = NOBODY)]
+    gid: u32,
+    /// Supplementary group ids, comma-separated.
+    #[arg(long, value_delimiter = ',', value_name = "G,G")]
+    groups: Vec<u32>,
+}
+
+/// A `--shared` grant.
+#[derive(Clone, Debug)]
+struct Shared {
+    name: String,
+    write: bool,
+}
+
+fn parse_label(s: &str) -> Result<String, String> {
+    policy::v0::check_subject(s).map(|()| s.to_owned())
+}
+
+fn parse_model(s: &str) -> Result<String, String> {
+    Class::Model.check_object(s).map(|()| s.to_owned())
+}
+
+fn parse_tool(s: &str) -> Result<String, String> {
+    policy::name::validate(s).map(|()| s.to_owned()).map_err(|e| e.to_string())
+}
+
+fn parse_shared(s: &str) -> Result<Shared, String> {
+    let (name, access) = s.rsplit_once(':').ok_or_else(|| format!("{s:?} is not NAME:read or NAME:write"))?;
+    policy::name::validate(name).map_err(|e| format!("shared space {name:?}: {e}"))?;
+    let write = match access {
+        "read" => false,
+        "write" => true,
+        _ => return Err(format!("access {access:?} is not read or write")),
+    };
+    Ok(Shared { name: name.to_owned(), write })
+}
+
+/// Parses one `--mount SOURCE TARGET MODE`.
+fn parse_mount(source: &str, target: &str, mode: &str) -> Result<Mount, String> {
+    policy::path::check_absolute(source).map_err(|e| format!("source: {e}"))?;
+    policy::mount::check_target(target)?;
+    if target.contains(char::is_whitespace) {
+        return Err(format!("target {target:?} contains whitespace, which a policy line cannot name"));
+    }
+    let (mode, options) = match mode.split_once(',') {
+        Some((m, o)) => (m, MountOptions::parse(o)?),
+        None => (mode, DEFAULT_MOUNT_OPTIONS),
+    };
+    let mode = MountMode::parse(mode).ok_or_else(|| format!("mode {mode:?} is not ro or rw"))?;
+    let m = Mount { source: source.to_owned(), target: target.to_owned(), mode, options };
+    policy::mount::parse_line(&m.to_string())
+}
+
+/// The label an agent gets without `--label`.
+fn default_label(name: &str) -> String {
+    let base: String = name.chars().map(|c| if matches!(c, '.' | '-' | '+') { '_' } else { c }).collect();
+    format!("{base}_t")
+}
+
+fn invalid(message: impl Into<String>) -> anyhow::Error {
+    Exit::new(exit::INVALID, message).into()
+}
+
+fn check_name(name: &str) -> anyhow::Result<()> {
+    policy::name::validate(name).map_err(|e| invalid(format!("invalid agent name {name:?}: {e}")))
+}
+
+/// Maps a storage error to an exit.
+fn fail(e: ringfs::Error) -> anyhow::Error {
+    let code = match &e {
+        ringfs::Error::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
+            exit::DENIED
+        }
+        ringfs::Error::Invalid(_) => exit::INVALID,
+        _ => exit::FAILURE,
+    };
+    Exit::new(code, e.to_string()).into()
+}
+
+fn agent_dir(storage: &Path) -> PathBuf {
+    storage.join(ObjectClass::Agent.as_str())
+}
+
+/// Reads a regular control file without following symlinks, at most [`controls::CONTROL_MAX`]
+/// bytes; `None` when it is missing or not a regular file.
+fn read_control(path: &Path) -> Option<Vec<u8>> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)
+        .ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    f.take(controls::CONTROL_MAX as u64).read_to_end(&mut bytes).ok()?;
+    Some(bytes)
+}
+
+/// An installed agent as `ls` shows it.
+struct Listed {
+    name: String,
+    label: Option<String>,
+    uid: Option<u32>,
+}
+
+/// Installed agents, sorted by name: executables with a valid name; hidden staging entries,
+/// control directories and orphan controls are not agents.
+fn installed(storage: &Path) -> anyhow::Result<Vec<Listed>> {
+    let dir = agent_dir(storage);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Exit::io(dir.display(), &e).into()),
+    };
+    let mut out = Vec::new();
+    for e in entries {
+        let e = e.map_err(|e| Exit::io(dir.display(), &e))?;
+        let Ok(name) = e.file_name().into_string() else { continue };
+        if name.starts_with('.')
+            || policy::name::validate(&name).is_err()
+            || !e.file_type().is_ok_and(|t| t.is_file())
+        {
+            continue;
+        }
+        let ctl = dir.join(format!("{name}.d"));
+        let first_line = |c: &str| {
+            read_control(&ctl.join(c))
+                .and_then(|b| String::from_utf8(b).ok())
+                .and_then(|s| s.lines().next().map(str::to_owned))
+        };
+        let label = first_line("label").filter(|l| policy::v0::check_subject(l).is_ok());
+        let uid = first_line("uid").and_then(|u| u.trim().parse().ok());
+        out.push(Listed { name, label, uid });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// Every control `new` writes, by name.
+fn controls_for(a: &NewArgs, label: &str, mounts: &[Mount]) -> BTreeMap<String, Vec<u8>> {
+    let mut policy = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut grant = |line: String| {
+        if seen.insert(line.clone()) {
+            policy.push(line);
+        }
+    };
+    for t in &a.tools {
+        grant(format!("allow {label} tool:{t} execute"));
+    }
+    for m in &a.models {
+        grant(format!("allow {label} model:{m} use"));
+    }
+    for s in &a.shared {
+        grant(format!("allow {label} shared:{} read", s.name));
+        if s.write {
+            grant(format!("allow {label} shared:{} write", s.name));
+        }
+    }
+    for m in mounts {
+        grant(format!("allow {label} mount:{} read", m.target));
+        if m.mode == MountMode::Rw {
+            grant(format!("allow {label} mount:{} write", m.target));
+        }
+    }
+    let lines =
+        |v: &[String]| -> Vec<u8> { v.iter().map(|l| format!("{l}\n")).collect::<String>().into_bytes() };
+    let mount_lines: Vec<String> = mounts.iter().map(ToString::to_string).collect();
+    let groups: Vec<String> = a.groups.iter().map(u32::to_string).collect();
+    let groups = if groups.is_empty() { String::new() } else { format!("{}\n", groups.join(" ")) };
+    let model = a.models.first().map(|m| format!("{m}\n")).unwrap_or_default();
+    let owner = rustix::process::getuid().as_raw();
+    let meta = serde_json::json!({"label": label, "created_by": "ctx agent new"});
+    let name = &a.name;
+    let mut c: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut put = |k: &str, v: String| {
+        c.insert(k.to_owned(), v.into_bytes());
+    };
+    put("label", format!("{label}\n"));
+    put("uid", format!("{}\n", a.uid));
+    put("gid", format!("{}\n", a.gid));
+    put("groups", groups);
+    put("owner", format!("{owner}\n"));
+    put("model", model);
+    put("cwd", "/workspace\n".into());
+    put("path", format!("/ctx/tool:/ctx/home/{}/tool\n", a.uid));
+    put("env", String::new());
+    put("life", "owned\n".into());
+    put("iso", "bwrap\n".into());
+    put("abi", "1\n".into());
+    put("approval", "never\n".into());
+    put("meta.json", format!("{meta}\n"));
+    put(
+        "system.md",
+        format!(
+            "You are {name}, an agent on a CortexFS host. Your tools are the executables on \
+             CTX_PATH; run them through tsh. Your working directory is /workspace.\n"
+        ),
+    );
+    put("prompt.template.md", "{{message}}\n".into());
+    c.insert("policy".into(), lines(&policy));
+    c.insert("mount".into(), lines(&mount_lines));
+    c
+}
+
+/// Stages the object in `stage` with a generated manifest and checks it like any object.
+fn stage_and_check(
+    name: &str,
+    exe: &[u8],
+    controls: &BTreeMap<String, Vec<u8>>,
+    stage: &Path,
+) -> anyhow::Result<ringfs::object::Checked> {
+    std::fs::DirBuilder::new().mode(0o700).create(stage)?;
+    let write = |rel: &str, bytes: &[u8], mode: u32| -> anyhow::Result<()> {
+        let p = stage.join(rel);
+        std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&p).and_then(|mut f| {
+            std::io::Write::write_all(&mut f, bytes)?;
+            f.set_permissions(std::fs::Permissions::from_mode(mode))
+        })?;
+        Ok(())
+    };
+    write("exe", exe, 0o755)?;
+    std::fs::DirBuilder::new().mode(0o700).create(stage.join("d"))?;
+    let mut manifest_controls = serde_json::Map::new();
+    for (control, bytes) in controls {
+        write(&format!("d/{control}"), bytes, 0o644)?;
+        manifest_controls.insert(
+            control.clone(),
+            serde_json::json!({"path": format!("d/{control}"), "sha256": hex::encode(Sha256::digest(bytes))}),
+        );
+    }
+    let manifest = serde_json::json!({
+        "schema": policy::manifest::SCHEMA,
+        "version": env!("CARGO_PKG_VERSION"),
+        "compatibility": {"cortexfs": format!(">={}", env!("CARGO_PKG_VERSION"))},
+        "class": ObjectClass::Agent.as_str(),
+        "name": name,
+        "executable": {"path": "exe", "sha256": hex::encode(Sha256::digest(exe))},
+        "controls": manifest_controls,
+    });
+    let path = stage.join("manifest.json");
+    write("manifest.json", &serde_json::to_vec_pretty(&manifest)?, 0o644)?;
+    ringfs::object::check(&path).map_err(|problems| {
+        let why: Vec<String> = problems.iter().map(|p| format!("{}: {}", p.field, p.message)).collect();
+        Exit::new(exit::INTERNAL, format!("agent/{name}: generated manifest: {}", why.join("; "))).into()
+    })
+}
+
+fn new(a: NewArgs) -> anyhow::Result<()> {
+    let name = a.name.as_str();
+    check_name(name)?;
+    let label = match &a.label {
+        Some(l) => l.clone(),
+        None => {
+            let l = default_label(name);
+            policy::v0::check_subject(&l)
+                .map_err(|e| invalid(format!("default label: {e}; name one with --label")))?;
+            l
+        }
+    };
+    let mut mounts = Vec::new();
+    for m in a.mounts.chunks_exact(3) {
+        let [source, target, mode] = m else { unreachable!("chunks_exact(3) yields 3 values") };
+        let mount = parse_mount(source, target, mode)
+            .map_err(|e| invalid(format!("--mount {source} {target} {mode}: {e}")))?;
+        if mounts.iter().any(|o: &Mount| o.target == mount.target) {
+            return Err(invalid(format!("--mount: target {target} is mounted twice")));
+        }
+        mounts.push(mount);
+    }
+    let storage = &a.at.source;
+    let dir = agent_dir(storage);
+    if std::fs::symlink_metadata(dir.join(name)).is_ok() {
+        return Err(Exit::new(exit::FAILURE, format!("agent/{name} already exists")).into());
+    }
+    let controls = controls_for(&a, &label, &mounts);
+    for (control, bytes) in &controls {
+        match controls::classify(ObjectClass::Agent, control) {
+            Some(Owner::Host | Owner::SelfUpdatable) => {}
+            _ => return Err(Exit::new(exit::INTERNAL, format!("agents have no control {control:?}")).into()),
+        }
+        controls::validate(ObjectClass::Agent, name, control, bytes)
+            .map_err(|e| invalid(format!("agent/{name}: control {control}: {e}")))?;
+    }
+    for other in installed(storage)? {
+        if other.label.as_deref() == Some(label.as_str()) {
+            eprintln!(
+                "ctx: note: agent/{} also has label {label}; grants to {label} apply to both",
+                other.name
+            );
+        }
+    }
+    let exe = format!("#!/bin/sh\nexec /ctx/bin/ctx agent start {name} \"$@\"\n");
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let stage = std::env::temp_dir().join(format!("cortexfs-agent.{name}.{}.{nanos}", std::process::id()));
+    let checked = stage_and_check(name, exe.as_bytes(), &controls, &stage);
+    let done = checked.and_then(|c| {
+        publish::install(storage, &c, Tier::System).map_err(|e| match e {
+            ringfs::Error::Conflict(_) => {
+                Exit::new(exit::FAILURE, format!("agent/{name} already exists")).into()
+            }
+            e => fail(e),
+        })
+    });
+    let _ = std::fs::remove_dir_all(&stage);
+    let done = done?;
+    for p in &done.cleared {
+        out::line(format_args!("cleared residue {}", p.display()))?;
+    }
+    out::line(format_args!("created agent/{name} (label {label}, uid {})", a.uid))
+}
+
+fn ls(storage: &Path, json: bool) -> anyhow::Result<()> {
+    if !storage.is_dir() {
+        return Err(invalid(format!("{}: no such storage directory", storage.display())));
+    }
+    let agents = installed(storage)?;
+    if json {
+        let v: Vec<serde_json::Value> = agents
+            .iter()
+            .map(|a| serde_json::json!({"name": a.name, "label": a.label, "uid": a.uid}))
+            .collect();
+        return out::line(serde_json::Value::Array(v));
+    }
+    for a in &agents {
+        let uid = a.uid.map_or_else(|| "-".to_owned(), |u| u.to_string());
+        out::line(format_args!("{}\t{}\t{uid}", a.name, a.label.as_deref().unwrap_or("-")))?;
+    }
+    Ok(())
+}
+
+fn inspect(storage: &Path, name: &str) -> anyhow::Result<()> {
+    check_name(name)?;
+    let i = publish::inspect(storage, ObjectClass::Agent, name, Tier::System).map_err(fail)?;
+    if !i.installed {
+        return Err(Exit::new(
+            exit::FAILURE,
+            format!("agent/{name} is not installed in {}", agent_dir(storage).display()),
+        )
+        .into());
+    }
+    let ctl = agent_dir(storage).join(format!("{name}.d"));
+    for control in i.controls.iter().filter(|c| c.as_str() != "log") {
+        out::line(format_args!("== {control} =="))?;
+        match read_control(&ctl.join(control)) {
+            Some(bytes) if bytes.is_empty() => {}
+            Some(bytes) => {
+                let text = String::from_utf8_lossy(&bytes);
+                out::line(text.strip_suffix('\n').unwrap_or(&text))?;
+            }
+            None => out::line("(not a readable regular file)")?,
+        }
+    }
+    Ok(())
+}
+
+fn rm(storage: &Path, name: &str, yes: bool) -> anyhow::Result<()> {
+    check_name(name)?;
+    let dir = agent_dir(storage);
+    if !dir.is_dir() {
+        return Err(
+            Exit::new(exit::FAILURE, format!("agent/{name} is not installed in {}", dir.display())).into()
+        );
+    }
+    let steps = publish::uninstall(storage, ObjectClass::Agent, name, Tier::System, !yes).map_err(fail)?;
+    for s in &steps {
+        out::line(format_args!("{}{s}", if yes { "" } else { "would " }))?;
+    }
+    if yes {
+        out::line(format_args!("removed agent/{name}"))
+    } else {
+        out::line("dry run: nothing changed; re-run with --yes to do it")
+    }
+}
+
+/// Runs the command.
+pub fn run(cmd: Cmd) -> anyhow::Result<()> {
+    match cmd {
+        Cmd::New(a) => new(a),
+        Cmd::Ls { at, json } => ls(&at.source, json),
+        Cmd::Inspect { at, name } => inspect(&at.source, &name),
+        Cmd::Rm { at, name, yes } => rm(&at.source, &name, yes),
+        Cmd::Start(a) => {
+            let mounts = a.mount.chunks(3).map(launch::extra_mount).collect::<anyhow::Result<Vec<_>>>()?;
+            launch::start(launch::Start {
+                agent: a.name,
+                session: a.session,
+                cwd: a.cwd,
+                mounts,
+                no_workspace: a.no_default_workspace,
+                cmd: a.cmd,
+                ctx: a.ctx,
+                control: a.control,
+                wait: a.wait,
+                grace: a.grace,
+            })
+        }
+        Cmd::Stop { name, session } => launch::stop(&name, &session),
+        Cmd::Ps => launch::ps(),
+        Cmd::Watch { name, session } => launch::connect(&name, &session, false),
+        Cmd::Attach { name, session } => launch::connect(&name, &session, true),
+        Cmd::Send { name, session, text } => launch::send(&name, &session, &text),
+        Cmd::Supervise { contract } => launch::supervise(&contract),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_labels() {
+        assert_eq!(default_label("coder"), "coder_t");
+        assert_eq!(default_label("my-bot.v2+x"), "my_bot_v2_x_t");
+        assert!(policy::v0::check_subject(&default_label(&"a".repeat(64))).is_err());
+    }
+
+    #[test]
+    fn shared_specs() {
+        let s = parse_shared("proj:write").unwrap();
+        assert!(s.write && s.name == "proj");
+        assert!(!parse_shared("proj:read").unwrap().write);
+        for bad in ["proj", "proj:rw", ":read", "a/b:read", "x.d:read"] {
+            assert!(parse_shared(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn mount_specs() {
+        let m = parse_mount("/src", "/data", "rw").unwrap();
+        assert_eq!(m.to_string(), "/src\t/data\trw\tnosuid,nodev");
+        assert_eq!(parse_mount("/src", "/data", "ro,-").unwrap().to_string(), "/src\t/data\tro\t-");
+        assert_eq!(parse_mount("/s", "/d", "ro,noexec").unwrap().to_string(), "/s\t/d\tro\tnoexec");
+        for (s, t, m) in [
+            ("/s", "/", "ro"),
+            ("/s", "/ctx", "ro"),
+            ("/s", "/ctx/tool", "rw"),
+            ("rel", "/d", "ro"),
+            ("/s", "rel", "ro"),
+            ("/s", "/d", "xx"),
+            ("/s", "/d", "ro,xx"),
+            ("/s", "/d/", "ro"),
+            ("/s\tx", "/d", "ro"),
+            ("/s", "/my dir", "ro"),
+        ] {
+            assert!(parse_mount(s, t, m).is_err(), "{s} {t} {m}");
+        }
+    }
+}

@@ -1,0 +1,482 @@
+//! `ctx agent start|stop|ps|watch|attach`: an agent's terminal in a bubblewrap sandbox.
+//!
+//! `start` derives the launch contract from the agent object (read through the host mount) and
+//! its policy before anything is spawned, asks the daemon for the agent's view, then starts a
+//! supervisor (`ctx agent supervise`, its own process group) and returns once the terminal
+//! socket answers. The supervisor runs, as the agent's uid/gid/groups with no_new_privs:
+//!
+//! ```text
+//! setpriv ... -- [pasta --config-net --] bwrap --die-with-parent --unshare-user --unshare-pid
+//!   --unshare-ipc --unshare-uts [--unshare-net] --ro-bind /usr /usr ... --bind VIEW /ctx
+//!   --bind CWD /workspace --bind TERM /run/cortexfs/terminal --clearenv --setenv ...
+//!   -- /ctx/bin/ctxterm --socket /run/cortexfs/terminal/main.sock -- CMD
+//! ```
+//!
+//! The sandbox is set up by bwrap running as the agent's uid, so it binds only what that uid can
+//! reach: its own view (`/run/cortexfs/view/<agent>/`, 0700, the agent's), its socket directory,
+//! the workspace. The storage is never bound. The network
+//! is unshared unless the agent's policy allows `network:default connect` and pasta and
+//! `/dev/net/tun` are present. `stop` sends SIGTERM to the supervisor, which forwards it, waits
+//! the grace period, kills what is left (the sandbox's PID namespace dies with its first
+//! process), removes the view and the socket, and records the exit status.
+//!
+//! Runtime state lives in `/run/cortexfs/agent/<agent>/<session>/`: `pid` (the supervisor),
+//! `log`, `exit`, and `term/main.sock`.
+
+use std::io::{Read, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use policy::v0::{Class, Permission, Policy, Query};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::exit::{self, Exit};
+
+/// Where runtime state is kept.
+pub const RUNTIME: &str = "/run/cortexfs/agent";
+/// The socket's path inside the sandbox.
+const SANDBOX_SOCKET: &str = "/run/cortexfs/terminal/main.sock";
+
+/// Everything a sandbox is started from, decided before anything is spawned.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Contract {
+    agent: String,
+    session: String,
+    uid: u32,
+    gid: u32,
+    groups: Vec<u32>,
+    network: bool,
+    view: PathBuf,
+    workspace: Option<PathBuf>,
+    /// Extra mounts: source, target, writable.
+    mounts: Vec<(PathBuf, PathBuf, bool)>,
+    env: Vec<(String, String)>,
+    cmd: Vec<String>,
+    runtime: PathBuf,
+    control: PathBuf,
+    grace: u64,
+}
+
+fn invalid(msg: impl Into<String>) -> anyhow::Error {
+    Exit::new(exit::INVALID, msg).into()
+}
+
+fn read_control(ctx: &Path, agent: &str, name: &str) -> anyhow::Result<String> {
+    let p = ctx.join("agent").join(format!("{agent}.d")).join(name);
+    std::fs::read_to_string(&p).map_err(|e| Exit::io(p.display(), &e).into())
+}
+
+/// Parses `--mount SRC TGT ro|rw`.
+pub fn extra_mount(spec: &[String]) -> anyhow::Result<(PathBuf, PathBuf, bool)> {
+    let [src, tgt, mode] = spec else { return Err(invalid("--mount takes SOURCE TARGET ro|rw")) };
+    let rw = match mode.as_str() {
+        "ro" => false,
+        "rw" => true,
+        m => return Err(invalid(format!("--mount {src} {tgt} {m}: the mode is ro or rw"))),
+    };
+    for p in [src, tgt] {
+        policy::path::check_absolute(p).map_err(|e| invalid(format!("--mount {src} {tgt}: {p}: {e}")))?;
+    }
+    let t = Path::new(tgt);
+    if t == Path::new("/") || t.starts_with("/ctx") {
+        return Err(invalid(format!("--mount {src} {tgt}: the target may not replace / or /ctx")));
+    }
+    if !Path::new(src).exists() {
+        return Err(invalid(format!("--mount {src} {tgt}: {src} does not exist")));
+    }
+    Ok((PathBuf::from(src), PathBuf::from(tgt), rw))
+}
+
+/// The options of `ctx agent start`.
+#[derive(Debug)]
+pub struct Start {
+    /// The agent.
+    pub agent: String,
+    /// The session.
+    pub session: String,
+    /// The working directory bound at /workspace.
+    pub cwd: Option<PathBuf>,
+    /// Extra mounts.
+    pub mounts: Vec<(PathBuf, PathBuf, bool)>,
+    /// No /workspace.
+    pub no_workspace: bool,
+    /// The command (default: tsh).
+    pub cmd: Vec<String>,
+    /// The host mount.
+    pub ctx: PathBuf,
+    /// The daemon's control socket.
+    pub control: PathBuf,
+    /// Wait for the terminal to end and exit with its status.
+    pub wait: bool,
+    /// Seconds between SIGTERM and SIGKILL at stop.
+    pub grace: u64,
+}
+
+fn runtime_dir(agent: &str, session: &str) -> PathBuf {
+    Path::new(RUNTIME).join(agent).join(session)
+}
+
+fn alive(pid: i32) -> bool {
+    rustix::process::Pid::from_raw(pid).is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
+}
+
+fn supervisor(runtime: &Path) -> Option<i32> {
+    let pid: i32 = std::fs::read_to_string(runtime.join("pid")).ok()?.trim().parse().ok()?;
+    alive(pid).then_some(pid)
+}
+
+/// Derives the contract: identity, network, mounts and environment.
+fn contract(s: &Start) -> anyhow::Result<Contract> {
+    policy::name::validate(&s.agent).map_err(|e| invalid(format!("agent {:?}: {e}", s.agent)))?;
+    policy::name::validate(&s.session).map_err(|e| invalid(format!("session {:?}: {e}", s.session)))?;
+    if !s.ctx.join("agent").join(&s.agent).exists() {
+        return Err(Exit::new(exit::FAILURE, format!("no agent {} in {}", s.agent, s.ctx.display())).into());
+    }
+    let num = |name: &str| -> anyhow::Result<u32> {
+        let t = read_control(&s.ctx, &s.agent, name)?;
+        t.trim()
+            .parse()
+            .map_err(|_| invalid(format!("agent/{}.d/{name}: {:?} is not a number", s.agent, t.trim())))
+    };
+    let (uid, gid) = (num("uid")?, num("gid")?);
+    let groups = read_control(&s.ctx, &s.agent, "groups")
+        .unwrap_or_default()
+        .split_ascii_whitespace()
+        .map(|g| g.parse::<u32>().map_err(|_| invalid(format!("agent/{}.d/groups: {g:?}", s.agent))))
+        .collect::<anyhow::Result<Vec<u32>>>()?;
+    let label = read_control(&s.ctx, &s.agent, "label")?.trim().to_owned();
+    let policy = Policy::from_text(read_control(&s.ctx, &s.agent, "policy")?.as_bytes())
+        .map_err(|_| invalid(format!("agent/{}.d/policy does not parse (ctx policy check)", s.agent)))?;
+    let granted = policy.allows(&Query {
+        subject: &label,
+        class: Class::Network,
+        object: "default",
+        permission: Permission::Connect,
+    });
+    let network = granted && Path::new("/usr/bin/pasta").exists() && Path::new("/dev/net/tun").exists();
+    if granted && !network {
+        eprintln!(
+            "ctx: agent {}: network granted, but pasta or /dev/net/tun is missing: no network",
+            s.agent
+        );
+    }
+    let workspace = if s.no_workspace {
+        None
+    } else {
+        Some(match &s.cwd {
+            Some(c) => c.clone(),
+            None => std::env::current_dir()?,
+        })
+    };
+    let home = format!("/ctx/home/{uid}");
+    let mut env = vec![
+        ("CTX_ROOT".to_owned(), "/ctx".to_owned()),
+        ("CTX_HOME".to_owned(), home.clone()),
+        ("CTX_AGENT".to_owned(), s.agent.clone()),
+        ("CTX_SESSION".to_owned(), s.session.clone()),
+        ("CTX_PATH".to_owned(), format!("/ctx/tool:{home}/tool")),
+        ("HOME".to_owned(), "/home/agent".to_owned()),
+        ("USER".to_owned(), s.agent.clone()),
+        ("LOGNAME".to_owned(), s.agent.clone()),
+        ("SHELL".to_owned(), "/ctx/bin/tsh".to_owned()),
+        ("TERM".to_owned(), std::env::var("TERM").unwrap_or_else(|_| "xterm-256color".into())),
+        ("LANG".to_owned(), "C.UTF-8".to_owned()),
+        ("PATH".to_owned(), "/usr/bin:/bin".to_owned()),
+    ];
+    if workspace.is_some() {
+        env.push(("CTX_WORKSPACE".to_owned(), "/workspace".to_owned()));
+    }
+    let cmd = if s.cmd.is_empty() { vec!["/ctx/bin/tsh".to_owned()] } else { s.cmd.clone() };
+    Ok(Contract {
+        agent: s.agent.clone(),
+        session: s.session.clone(),
+        uid,
+        gid,
+        groups,
+        network,
+        view: Path::new(server::control::DEFAULT_VIEW_ROOT).join(&s.agent).join(&s.session),
+        workspace,
+        mounts: s.mounts.clone(),
+        env,
+        cmd,
+        runtime: runtime_dir(&s.agent, &s.session),
+        control: s.control.clone(),
+        grace: s.grace,
+    })
+}
+
+/// Runs `ctx agent start`.
+pub fn start(s: Start) -> anyhow::Result<()> {
+    let c = contract(&s)?;
+    if let Some(pid) = supervisor(&c.runtime) {
+        return Err(Exit::new(
+            exit::FAILURE,
+            format!("agent {} session {} is running (pid {pid})", c.agent, c.session),
+        )
+        .into());
+    }
+    let _ = std::fs::remove_dir_all(&c.runtime);
+    let term = c.runtime.join("term");
+    std::fs::create_dir_all(&term)?;
+    // The agent reaches its socket directory (and only it) through directories it cannot list.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mut d = c.runtime.clone();
+        while d.starts_with("/run/cortexfs") && d != Path::new("/run") {
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o711))?;
+            d.pop();
+        }
+    }
+    rustix::fs::chown(&term, Some(rustix::fs::Uid::from_raw(c.uid)), Some(rustix::fs::Gid::from_raw(c.gid)))?;
+    // The session directory, in the agent's home, owned by the agent.
+    let session = s
+        .ctx
+        .join("home")
+        .join(c.uid.to_string())
+        .join("agent")
+        .join(&c.agent)
+        .join("session")
+        .join(&c.session);
+    std::fs::create_dir_all(&session).map_err(|e| Exit::io(session.display(), &e))?;
+    let mut d = session.clone();
+    while d.starts_with(s.ctx.join("home").join(c.uid.to_string())) && d != s.ctx.join("home") {
+        let _ = rustix::fs::chown(
+            &d,
+            Some(rustix::fs::Uid::from_raw(c.uid)),
+            Some(rustix::fs::Gid::from_raw(c.gid)),
+        );
+        if !d.pop() {
+            break;
+        }
+    }
+    crate::cmd::view::call(
+        &c.control,
+        json!({"op": "create", "agent": c.agent, "session": c.session, "path": c.view}),
+    )?;
+    let contract_file = c.runtime.join("contract.json");
+    std::fs::write(&contract_file, serde_json::to_vec_pretty(&c)?)?;
+    let log = std::fs::File::create(c.runtime.join("log"))?;
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(["agent", "supervise"])
+        .arg(&contract_file)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()?;
+    std::fs::write(c.runtime.join("pid"), child.id().to_string())?;
+    let sock = term.join("main.sock");
+    let t = Instant::now();
+    loop {
+        if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
+            break;
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            let log = std::fs::read_to_string(c.runtime.join("log")).unwrap_or_default();
+            return Err(Exit::new(exit::FAILURE, format!("the sandbox ended at once ({st}):\n{log}")).into());
+        }
+        if t.elapsed() > Duration::from_secs(15) {
+            return Err(Exit::new(
+                exit::UNAVAILABLE,
+                format!("the terminal did not answer on {}", sock.display()),
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    println!("started agent {} session {}", c.agent, c.session);
+    println!("socket {}", sock.display());
+    println!("watch: ctx agent watch {} --session {}", c.agent, c.session);
+    if s.wait {
+        let st = child.wait()?;
+        let code: u8 = std::fs::read_to_string(c.runtime.join("exit"))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(if st.success() { 0 } else { 1 });
+        if code != 0 {
+            return Err(Exit::quiet(code).into());
+        }
+    }
+    Ok(())
+}
+
+/// Runs the supervisor (`ctx agent supervise CONTRACT`).
+pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
+    let c: Contract = serde_json::from_slice(&std::fs::read(contract_file)?)?;
+    let term_flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT, signal_hook::consts::SIGHUP] {
+        signal_hook::flag::register(sig, std::sync::Arc::clone(&term_flag))?;
+    }
+    let mut cmd = Command::new("setpriv");
+    cmd.arg(format!("--reuid={}", c.uid)).arg(format!("--regid={}", c.gid));
+    if c.groups.is_empty() {
+        cmd.arg("--clear-groups");
+    } else {
+        let g: Vec<String> = c.groups.iter().map(u32::to_string).collect();
+        cmd.arg(format!("--groups={}", g.join(",")));
+    }
+    cmd.args(["--no-new-privs", "--"]);
+    if c.network {
+        cmd.args(["pasta", "--config-net", "--quiet", "--"]);
+    }
+    cmd.arg("bwrap").args([
+        "--die-with-parent",
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+    ]);
+    if !c.network {
+        cmd.arg("--unshare-net");
+    }
+    cmd.args(["--ro-bind", "/usr", "/usr"]);
+    for (link, target) in
+        [("usr/bin", "/bin"), ("usr/sbin", "/sbin"), ("usr/lib", "/lib"), ("usr/lib64", "/lib64")]
+    {
+        if Path::new(target).is_symlink() {
+            cmd.args(["--symlink", link, target]);
+        } else if Path::new(target).exists() {
+            cmd.args(["--ro-bind", target, target]);
+        }
+    }
+    cmd.args(["--ro-bind", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
+    cmd.args(["--dir", "/home/agent", "--hostname", &c.agent]);
+    cmd.arg("--bind").arg(&c.view).arg("/ctx");
+    cmd.arg("--bind").arg(c.runtime.join("term")).arg("/run/cortexfs/terminal");
+    if let Some(w) = &c.workspace {
+        cmd.arg("--bind").arg(w).arg("/workspace");
+        cmd.args(["--chdir", "/workspace"]);
+    } else {
+        cmd.args(["--chdir", "/"]);
+    }
+    for (src, tgt, rw) in &c.mounts {
+        cmd.arg(if *rw { "--bind" } else { "--ro-bind" }).arg(src).arg(tgt);
+    }
+    cmd.arg("--clearenv");
+    for (k, v) in &c.env {
+        cmd.args(["--setenv", k, v]);
+    }
+    cmd.args(["--new-session", "--", "/ctx/bin/ctxterm", "--socket", SANDBOX_SOCKET, "--"]);
+    cmd.args(&c.cmd);
+    cmd.env_clear().env("PATH", "/usr/bin:/bin").stdin(Stdio::null());
+    let mut child = cmd.spawn().map_err(|e| Exit::new(exit::UNAVAILABLE, format!("setpriv/bwrap: {e}")))?;
+    let pid = rustix::process::Pid::from_child(&child);
+    let mut killed_at: Option<Instant> = None;
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break st;
+        }
+        if term_flag.load(std::sync::atomic::Ordering::Relaxed) {
+            match killed_at {
+                None => {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+                    killed_at = Some(Instant::now());
+                }
+                Some(t) if t.elapsed() > Duration::from_secs(c.grace) => {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                }
+                Some(_) => {}
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let code = tsh::run::code_of(status);
+    let _ = std::fs::write(c.runtime.join("exit"), format!("{code}\n"));
+    let _ = crate::cmd::view::call(&c.control, json!({"op": "rm", "path": c.view}));
+    let _ = std::fs::remove_dir_all(c.runtime.join("term"));
+    let _ = std::fs::remove_file(c.runtime.join("pid"));
+    eprintln!("agent {} session {}: terminal ended with status {code}", c.agent, c.session);
+    Ok(())
+}
+
+/// Runs `ctx agent stop`.
+pub fn stop(agent: &str, session: &str) -> anyhow::Result<()> {
+    let runtime = runtime_dir(agent, session);
+    let Some(pid) = supervisor(&runtime) else {
+        return Err(
+            Exit::new(exit::FAILURE, format!("agent {agent} session {session} is not running")).into()
+        );
+    };
+    let grace = std::fs::read(runtime.join("contract.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Contract>(&b).ok())
+        .map_or(5, |c| c.grace);
+    if let Some(p) = rustix::process::Pid::from_raw(pid) {
+        let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
+    }
+    let t = Instant::now();
+    while alive(pid) {
+        if t.elapsed() > Duration::from_secs(grace + 5) {
+            return Err(Exit::new(exit::FAILURE, format!("the supervisor (pid {pid}) did not stop")).into());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let code = std::fs::read_to_string(runtime.join("exit")).unwrap_or_default();
+    println!("stopped agent {agent} session {session} (status {})", code.trim());
+    Ok(())
+}
+
+/// Runs `ctx agent ps`: AGENT SESSION PID.
+pub fn ps() -> anyhow::Result<()> {
+    let Ok(agents) = std::fs::read_dir(RUNTIME) else { return Ok(()) };
+    for a in agents.flatten() {
+        let Ok(sessions) = std::fs::read_dir(a.path()) else { continue };
+        for s in sessions.flatten() {
+            if let Some(pid) = supervisor(&s.path()) {
+                println!("{}\t{}\t{pid}", a.file_name().to_string_lossy(), s.file_name().to_string_lossy());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs `ctx agent watch|attach`: relays the terminal to this one until it ends.
+pub fn connect(agent: &str, session: &str, attach: bool) -> anyhow::Result<()> {
+    let sock = runtime_dir(agent, session).join("term/main.sock");
+    let mut s = std::os::unix::net::UnixStream::connect(&sock).map_err(|e| {
+        Exit::new(exit::UNAVAILABLE, format!("{}: {e} (is the agent running?)", sock.display()))
+    })?;
+    s.write_all(if attach { b"attach\n" } else { b"watch\n" })?;
+    if attach {
+        let mut w = s.try_clone()?;
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            let mut stdin = std::io::stdin();
+            while let Ok(n) = stdin.read(&mut buf) {
+                if n == 0 || w.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    let mut out = std::io::stdout();
+    let mut buf = [0u8; 8192];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return Ok(()),
+            Ok(n) => {
+                out.write_all(&buf[..n])?;
+                out.flush()?;
+            }
+        }
+    }
+}
+
+/// Types one line into the terminal (`ctx send`).
+pub fn send(agent: &str, session: &str, text: &str) -> anyhow::Result<()> {
+    let sock = runtime_dir(agent, session).join("term/main.sock");
+    let mut s = std::os::unix::net::UnixStream::connect(&sock).map_err(|e| {
+        Exit::new(exit::UNAVAILABLE, format!("{}: {e} (is the agent running?)", sock.display()))
+    })?;
+    s.write_all(b"attach\n")?;
+    s.write_all(text.as_bytes())?;
+    s.write_all(b"\r")?;
+    s.flush()?;
+    // Give the terminal a moment to take the bytes before the connection closes.
+    std::thread::sleep(Duration::from_millis(50));
+    Ok(())
+}

@@ -1,0 +1,299 @@
+//! `ctx agent new|ls|inspect|rm` as users run them, on plain storage (no mount needed).
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Output;
+
+use policy::controls::{self, ObjectClass, Owner};
+use policy::v0::{Policy, Query};
+use tests::run;
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn ctx(storage: &Path, args: &[&str]) -> Output {
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--source", storage.to_str().unwrap()]);
+    run("ctx", &all)
+}
+
+fn ok(out: &Output) -> String {
+    assert_eq!(out.status.code(), Some(0), "stdout: {}\nstderr: {}", text(&out.stdout), text(&out.stderr));
+    text(&out.stdout)
+}
+
+const WRITTEN: &[&str] = &[
+    "abi",
+    "approval",
+    "cwd",
+    "env",
+    "gid",
+    "groups",
+    "iso",
+    "label",
+    "life",
+    "meta.json",
+    "model",
+    "mount",
+    "owner",
+    "path",
+    "policy",
+    "prompt.template.md",
+    "system.md",
+    "uid",
+];
+
+#[test]
+fn new_writes_every_control_valid_and_grants_exactly_what_was_asked() {
+    let d = tempfile::tempdir().unwrap();
+    let s = d.path();
+    let out = ctx(
+        s,
+        &[
+            "agent",
+            "new",
+            "coder",
+            "--tool",
+            "fs.read",
+            "--tool",
+            "shell.exec",
+            "--model",
+            "local/smollm2",
+            "--model",
+            "main",
+            "--shared",
+            "proj:read",
+            "--shared",
+            "docs:write",
+            "--mount",
+            "/srv/data",
+            "/data",
+            "ro",
+            "--mount",
+            "/srv/out",
+            "/out",
+            "rw,noexec",
+            "--uid",
+            "1000",
+            "--gid",
+            "1001",
+            "--groups",
+            "20,30",
+        ],
+    );
+    assert_eq!(ok(&out), "created agent/coder (label coder_t, uid 1000)\n");
+
+    let exe = s.join("agent/coder");
+    let mode = fs::metadata(&exe).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o755);
+    assert_eq!(fs::read_to_string(&exe).unwrap(), "#!/bin/sh\nexec /ctx/bin/ctx agent start coder \"$@\"\n");
+
+    let ctl = s.join("agent/coder.d");
+    for c in WRITTEN {
+        let bytes = fs::read(ctl.join(c)).unwrap_or_else(|e| panic!("{c}: {e}"));
+        assert!(
+            matches!(controls::classify(ObjectClass::Agent, c), Some(Owner::Host | Owner::SelfUpdatable)),
+            "{c}"
+        );
+        controls::validate(ObjectClass::Agent, "coder", c, &bytes).unwrap_or_else(|e| panic!("{c}: {e}"));
+    }
+    let read = |c: &str| fs::read_to_string(ctl.join(c)).unwrap();
+    assert_eq!(read("label"), "coder_t\n");
+    assert_eq!(read("uid"), "1000\n");
+    assert_eq!(read("gid"), "1001\n");
+    assert_eq!(read("groups"), "20 30\n");
+    assert_eq!(read("owner"), format!("{}\n", rustix::process::getuid().as_raw()));
+    assert_eq!(read("model"), "local/smollm2\n");
+    assert_eq!(read("cwd"), "/workspace\n");
+    assert_eq!(read("path"), "/ctx/tool:/ctx/home/1000/tool\n");
+    assert_eq!(read("life"), "owned\n");
+    assert_eq!(read("iso"), "bwrap\n");
+    assert_eq!(read("abi"), "1\n");
+    assert_eq!(read("approval"), "never\n");
+    assert_eq!(read("env"), "");
+    let meta: serde_json::Value = serde_json::from_str(&read("meta.json")).unwrap();
+    assert_eq!(meta["label"], "coder_t");
+    assert_eq!(meta["created_by"], "ctx agent new");
+
+    let mounts = policy::mount::parse(read("mount").as_bytes()).unwrap();
+    let shown: Vec<String> = mounts.iter().map(ToString::to_string).collect();
+    assert_eq!(shown, ["/srv/data\t/data\tro\tnosuid,nodev", "/srv/out\t/out\trw\tnoexec"]);
+
+    let pol = Policy::from_text(read("policy").as_bytes()).unwrap();
+    let granted = [
+        ("tool:fs.read", "execute"),
+        ("tool:shell.exec", "execute"),
+        ("model:local/smollm2", "use"),
+        ("model:main", "use"),
+        ("shared:proj", "read"),
+        ("shared:docs", "read"),
+        ("shared:docs", "write"),
+        ("mount:/data", "read"),
+        ("mount:/out", "read"),
+        ("mount:/out", "write"),
+    ];
+    for (target, perm) in granted {
+        assert!(pol.allows(&Query::parse("coder_t", target, perm).unwrap()), "{target} {perm}");
+    }
+    assert_eq!(pol.rule_count(), granted.len(), "nothing else is granted");
+    for (subject, target, perm) in [
+        ("coder_t", "shared:proj", "write"),
+        ("coder_t", "mount:/data", "write"),
+        ("coder_t", "tool:fs.write", "execute"),
+        ("coder_t", "network:default", "connect"),
+        ("other_t", "tool:fs.read", "execute"),
+    ] {
+        assert!(!pol.allows(&Query::parse(subject, target, perm).unwrap()), "{subject} {target} {perm}");
+    }
+
+    // The published object passes the store's own inspection with no residue.
+    let i = ringfs::object::publish::inspect(
+        s,
+        ObjectClass::Agent,
+        "coder",
+        ringfs::object::publish::Tier::System,
+    )
+    .unwrap();
+    assert!(i.installed && i.residue.is_empty());
+    for c in WRITTEN {
+        assert!(i.controls.iter().any(|x| x == c), "{c} in {:?}", i.controls);
+    }
+}
+
+#[test]
+fn defaults_are_nobody_and_deny_everything() {
+    let d = tempfile::tempdir().unwrap();
+    let s = d.path();
+    assert_eq!(
+        ok(&ctx(s, &["agent", "new", "my-bot.v2"])),
+        "created agent/my-bot.v2 (label my_bot_v2_t, uid 65534)\n"
+    );
+    let ctl = s.join("agent/my-bot.v2.d");
+    let read = |c: &str| fs::read_to_string(ctl.join(c)).unwrap();
+    assert_eq!(read("uid"), "65534\n");
+    assert_eq!(read("gid"), "65534\n");
+    assert_eq!(read("groups"), "");
+    assert_eq!(read("policy"), "");
+    assert_eq!(read("mount"), "");
+    assert_eq!(read("model"), "");
+    assert_eq!(read("path"), "/ctx/tool:/ctx/home/65534/tool\n");
+    for c in WRITTEN {
+        controls::validate(ObjectClass::Agent, "my-bot.v2", c, read(c).as_bytes())
+            .unwrap_or_else(|e| panic!("{c}: {e}"));
+    }
+
+    let out = ctx(s, &["agent", "new", "labelled", "--label", "custom_t"]);
+    assert_eq!(ok(&out), "created agent/labelled (label custom_t, uid 65534)\n");
+    assert_eq!(fs::read_to_string(s.join("agent/labelled.d/label")).unwrap(), "custom_t\n");
+}
+
+#[test]
+fn ls_inspect_and_rm() {
+    let d = tempfile::tempdir().unwrap();
+    let s = d.path();
+    assert_eq!(ok(&ctx(s, &["agent", "ls"])), "", "no agents yet");
+    assert_eq!(ok(&ctx(s, &["agent", "ls", "--json"])), "[]\n");
+    ok(&ctx(s, &["agent", "new", "zeta", "--uid", "2000"]));
+    ok(&ctx(s, &["agent", "new", "alpha", "--uid", "1000", "--tool", "fs.read"]));
+    // Residue and hidden entries are not agents.
+    fs::create_dir_all(s.join("agent/orphan.d")).unwrap();
+    fs::create_dir_all(s.join("agent/.cortexfs-stage.x.1.2")).unwrap();
+    fs::write(s.join("agent/.hidden"), "").unwrap();
+
+    assert_eq!(ok(&ctx(s, &["agent", "ls"])), "alpha\talpha_t\t1000\nzeta\tzeta_t\t2000\n");
+    let v: serde_json::Value = serde_json::from_str(&ok(&ctx(s, &["agent", "ls", "--json"]))).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!([
+            {"name": "alpha", "label": "alpha_t", "uid": 1000},
+            {"name": "zeta", "label": "zeta_t", "uid": 2000},
+        ])
+    );
+
+    fs::write(s.join("agent/alpha.d/log"), "secret runtime line\n").unwrap();
+    let shown = ok(&ctx(s, &["agent", "inspect", "alpha"]));
+    for c in WRITTEN {
+        assert!(shown.contains(&format!("== {c} ==\n")), "{c} missing from:\n{shown}");
+    }
+    assert!(shown.contains("== label ==\nalpha_t\n"), "{shown}");
+    assert!(shown.contains("== policy ==\nallow alpha_t tool:fs.read execute\n"), "{shown}");
+    assert!(!shown.contains("== log =="), "the runtime log is skipped");
+    assert!(!shown.contains("secret runtime line"));
+
+    let out = ctx(s, &["agent", "inspect", "nobody-here"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("not installed"), "{}", text(&out.stderr));
+
+    let plan = ok(&ctx(s, &["agent", "rm", "alpha"]));
+    assert!(plan.contains("would remove"), "{plan}");
+    assert!(plan.contains("dry run"), "{plan}");
+    assert!(s.join("agent/alpha").exists() && s.join("agent/alpha.d").exists(), "dry run by default");
+    let done = ok(&ctx(s, &["agent", "rm", "alpha", "--yes"]));
+    assert!(done.contains("removed agent/alpha"), "{done}");
+    assert!(!s.join("agent/alpha").exists() && !s.join("agent/alpha.d").exists());
+    assert_eq!(ok(&ctx(s, &["agent", "ls"])), "zeta\tzeta_t\t2000\n");
+
+    let out = ctx(s, &["agent", "rm", "alpha", "--yes"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("not installed"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn duplicate_agent_is_refused_and_left_alone() {
+    let d = tempfile::tempdir().unwrap();
+    let s = d.path();
+    ok(&ctx(s, &["agent", "new", "coder", "--tool", "fs.read"]));
+    let before = fs::read(s.join("agent/coder.d/policy")).unwrap();
+    let out = ctx(s, &["agent", "new", "coder", "--tool", "shell.exec"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stderr), "ctx: agent/coder already exists\n");
+    assert_eq!(fs::read(s.join("agent/coder.d/policy")).unwrap(), before);
+}
+
+#[test]
+fn invalid_input_exits_2_and_writes_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let s = d.path();
+    let cases: &[&[&str]] = &[
+        &["agent", "new", "bad/name"],
+        &["agent", "new", ".hidden"],
+        &["agent", "new", "x.sock"],
+        &["agent", "new", "a", "--mount", "/src", "/", "ro"],
+        &["agent", "new", "a", "--mount", "/src", "/ctx", "ro"],
+        &["agent", "new", "a", "--mount", "/src", "/ctx/tool", "rw"],
+        &["agent", "new", "a", "--mount", "src", "/data", "ro"],
+        &["agent", "new", "a", "--mount", "/src", "/data", "xx"],
+        &["agent", "new", "a", "--mount", "/src", "/data", "ro,xx"],
+        &["agent", "new", "a", "--mount", "/s", "/data", "ro", "--mount", "/t", "/data", "rw"],
+        &["agent", "new", "a", "--shared", "proj"],
+        &["agent", "new", "a", "--shared", "proj:admin"],
+        &["agent", "new", "a", "--shared", "../x:read"],
+        &["agent", "new", "a", "--tool", "no/slash"],
+        &["agent", "new", "a", "--model", "a/b/c"],
+        &["agent", "new", "a", "--label", "bad label"],
+        &["agent", "new", "a", "--label", "*"],
+        &["agent", "new", "a", "--groups", "20,wheel"],
+        &["agent", "new", "a", "--uid", "-1"],
+    ];
+    for args in cases {
+        let out = ctx(s, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out.stderr));
+        assert!(!text(&out.stderr).is_empty(), "{args:?} says why");
+    }
+    let out = ctx(s, &["agent", "new", "bad/name"]);
+    assert!(text(&out.stderr).contains("invalid agent name \"bad/name\""), "{}", text(&out.stderr));
+    let out = ctx(s, &["agent", "new", "a", "--mount", "/src", "/ctx", "ro"]);
+    assert!(text(&out.stderr).contains("/ctx"), "{}", text(&out.stderr));
+    let long = "a".repeat(64);
+    let out = ctx(s, &["agent", "new", &long]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("--label"), "{}", text(&out.stderr));
+    assert!(!s.join("agent/a").exists() && !s.join(format!("agent/{long}")).exists());
+    for args in [&["agent", "inspect", "bad/name"][..], &["agent", "rm", "bad/name"]] {
+        assert_eq!(ctx(s, args).status.code(), Some(2), "{args:?}");
+    }
+}

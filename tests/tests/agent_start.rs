@@ -1,0 +1,197 @@
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+//! `ctx agent start|stop|ps` and the terminal socket, with real bubblewrap sandboxes: checked
+//! from inside (identity, environment, /workspace, /ctx as the agent's view, host files, no
+//! network), exit status, stop, and watch/attach with two clients at once.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use tests::served::Served;
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout {}\nstderr {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+struct World {
+    s: Served,
+    work: PathBuf,
+}
+
+impl World {
+    fn new() -> World {
+        assert!(Path::new("/usr/bin/bwrap").exists(), "bubblewrap is required (make test installs it)");
+        let s = Served::start();
+        let st = s.storage.to_str().unwrap().to_owned();
+        let ctx = |args: &[&str]| {
+            let o = Command::new(tests::bin("ctx")).args(args).output().unwrap();
+            assert!(o.status.success(), "{args:?}: {}", text(&o));
+        };
+        ctx(&["bootstrap", &st]);
+        ctx(&[
+            "agent", "new", "coder", "--tool", "fs.stat", "--uid", "1000", "--gid", "1000", "--source", &st,
+        ]);
+        ctx(&["agent", "new", "other", "--uid", "2000", "--gid", "2000", "--source", &st]);
+        fs::write(s.storage.join("tool/fs.stat.d/policy"), "allow coder_t tool:fs.stat execute\n").unwrap();
+        fs::create_dir_all(s.storage.join("home/2000")).unwrap();
+        let work = s.dir.path().join("work");
+        fs::create_dir_all(&work).unwrap();
+        fs::write(work.join("a.txt"), "hi\n").unwrap();
+        rustix::fs::chown(
+            &work,
+            Some(rustix::fs::Uid::from_raw(1000)),
+            Some(rustix::fs::Gid::from_raw(1000)),
+        )
+        .unwrap();
+        World { s, work }
+    }
+
+    fn start(&self, session: &str, extra: &[&str], cmd: &[&str]) -> Output {
+        Command::new(tests::bin("ctx"))
+            .args(["agent", "start", "coder", "--session", session, "--ctx"])
+            .arg(&self.s.mnt)
+            .arg("--control")
+            .arg(&self.s.control)
+            .arg("--cwd")
+            .arg(&self.work)
+            .args(extra)
+            .arg("--")
+            .args(cmd)
+            .env("SECRET_TOKEN", "operator-secret")
+            .output()
+            .unwrap()
+    }
+}
+
+fn session(tag: &str) -> String {
+    format!("{tag}{}", std::process::id())
+}
+
+#[test]
+fn the_sandbox_is_the_agents_world_and_nothing_else() {
+    let w = World::new();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let script = format!(
+        "id -u > /workspace/uid; id -g > /workspace/gid; env > /workspace/env; ls /ctx > /workspace/root; \
+         ls /ctx/tool > /workspace/tools; ls /ctx/home > /workspace/homes; \
+         test -e {storage} && echo visible > /workspace/storage; \
+         /ctx/bin/tsh fs.stat a.txt > /workspace/stat; \
+         python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 2)' 2>/dev/null && echo yes > /workspace/net; \
+         exit 7",
+        storage = w.s.storage.display()
+    );
+    let out = w.start(&session("s"), &["--wait"], &["/bin/sh", "-c", &script]);
+    assert_eq!(out.status.code(), Some(7), "the terminal's status reaches --wait: {}", text(&out));
+    let read = |f: &str| fs::read_to_string(w.work.join(f)).unwrap_or_default();
+    assert_eq!((read("uid"), read("gid")), ("1000\n".into(), "1000\n".into()));
+    let env: Vec<String> = read("env").lines().map(|l| l.split('=').next().unwrap().to_owned()).collect();
+    let allowed = [
+        "CTX_ROOT",
+        "CTX_HOME",
+        "CTX_AGENT",
+        "CTX_SESSION",
+        "CTX_PATH",
+        "CTX_WORKSPACE",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "TERM",
+        "LANG",
+        "PATH",
+        "PWD",
+        "SHLVL",
+        "OLDPWD",
+        "_",
+    ];
+    for k in &env {
+        assert!(allowed.contains(&k.as_str()), "{k} leaked into the sandbox: {env:?}");
+    }
+    assert!(env.iter().any(|k| k == "CTX_AGENT") && !read("env").contains("operator-secret"));
+    assert_eq!(read("root"), "agent\nbin\nhome\nmodel\nshared\nstatus\ntool\n");
+    assert!(read("tools").lines().any(|l| l == "fs.stat"), "{}", read("tools"));
+    assert!(!read("tools").lines().any(|l| l == "fs.write"), "a tool the agent may not run is absent");
+    assert!(!read("homes").contains("2000"), "another agent's home is invisible: {}", read("homes"));
+    assert_eq!(read("storage"), "", "the storage is not reachable");
+    assert!(read("stat").contains("\"size\":3"), "tsh runs tools in the sandbox: {}", read("stat"));
+    assert_eq!(read("net"), "", "no network without the grant");
+    let owner = std::os::unix::fs::MetadataExt::uid(&fs::metadata(w.work.join("uid")).unwrap());
+    assert_eq!(owner, 1000, "workspace files belong to the agent");
+    let events = fs::read_to_string(
+        w.s.storage.join(format!("home/1000/agent/coder/session/{}/events.jsonl", session("s"))),
+    )
+    .unwrap();
+    assert!(events.contains("\"object\":\"tool/fs.stat\""), "{events}");
+    drop(listener);
+}
+
+#[test]
+fn stop_leaves_nothing_behind_and_two_clients_share_the_terminal() {
+    let w = World::new();
+    let s = session("t");
+    let out = w.start(&s, &[], &["/bin/sh"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let sock = format!("/run/cortexfs/agent/coder/{s}/term/main.sock");
+    let ps = Command::new(tests::bin("ctx")).args(["agent", "ps"]).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&ps.stdout).lines().any(|l| l.starts_with(&format!("coder\t{s}\t"))),
+        "{}",
+        text(&ps)
+    );
+
+    let mut watcher = UnixStream::connect(&sock).unwrap();
+    watcher.write_all(b"watch\n").unwrap();
+    let mut attacher = UnixStream::connect(&sock).unwrap();
+    attacher.write_all(b"attach\n").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    watcher.write_all(b"echo NOPE$((2+2))\n").unwrap();
+    attacher.write_all(b"echo MARK$((1+1)); sleep 1000 & echo started\n").unwrap();
+    let seen = |c: &mut UnixStream, want: &str| {
+        c.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        let t = Instant::now();
+        let mut all = String::new();
+        let mut buf = [0u8; 4096];
+        while t.elapsed() < Duration::from_secs(10) && !all.contains(want) {
+            if let Ok(n) = c.read(&mut buf) {
+                all.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        }
+        all
+    };
+    let out = seen(&mut watcher, "MARK2");
+    assert!(out.contains("MARK2"), "the watcher sees what the attacher typed ran: {out}");
+    assert!(!out.contains("NOPE4"), "a watcher cannot type: {out}");
+
+    let out =
+        Command::new(tests::bin("ctx")).args(["agent", "stop", "coder", "--session", &s]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let left = Command::new("pgrep").args(["-f", "sleep 1000"]).output().unwrap();
+    assert!(left.stdout.is_empty(), "no process left behind: {}", text(&left));
+    assert!(!Path::new(&sock).exists(), "the socket is gone");
+    let views = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!views.contains(&format!("/run/cortexfs/view/coder/{s} ")), "the view is gone");
+    let ps = Command::new(tests::bin("ctx")).args(["agent", "ps"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&ps.stdout).contains(&s));
+}
+
+#[test]
+fn bad_mounts_are_refused_before_anything_starts() {
+    let w = World::new();
+    for bad in
+        [["/tmp", "/", "ro"], ["/tmp", "/ctx/x", "ro"], ["tmp", "/data", "ro"], ["/tmp", "/data", "rx"]]
+    {
+        let mut args = vec!["--mount"];
+        args.extend(bad);
+        let out = w.start(&session("m"), &args, &["/bin/true"]);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", text(&out));
+    }
+}
