@@ -185,7 +185,13 @@ fn main() {
     build(&native);
     build(&storage.join("home/0/bench"));
 
-    let config = Config { storage, bins: Vec::new(), view: None, view_count: Arc::new(AtomicU64::new(0)) };
+    let config = Config {
+        storage,
+        bins: Vec::new(),
+        view: None,
+        view_count: Arc::new(AtomicU64::new(0)),
+        logs: server::SharedLogs::default(),
+    };
     let pool = Pool::new(cores).expect("pool");
     let mnt = top.path().join("ctx");
     std::fs::create_dir(&mnt).expect("mnt");

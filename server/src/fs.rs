@@ -83,7 +83,13 @@ pub struct Config {
     pub view: Option<ViewSpec>,
     /// The daemon's count of agent views, shown in `status`.
     pub view_count: Arc<AtomicU64>,
+    /// The open append logs, shared by the host view and every agent view of a daemon: a log
+    /// is opened (and locked) once, whichever view appends to it.
+    pub logs: SharedLogs,
 }
+
+/// Append logs by storage path, shared between the views of one daemon.
+pub type SharedLogs = Arc<Mutex<HashMap<PathBuf, Arc<AppendLog>>>>;
 
 /// One inode the kernel knows.
 #[derive(Debug)]
@@ -271,7 +277,7 @@ pub struct CtxFs {
     inodes: Mutex<Inodes>,
     handles: Mutex<HashMap<u64, Opened>>,
     next_handle: AtomicU64,
-    logs: Mutex<HashMap<PathBuf, Arc<AppendLog>>>,
+    logs: SharedLogs,
     stats: Stats,
     started: Instant,
     view: Option<Authority>,
@@ -360,7 +366,7 @@ impl CtxFs {
             inodes: Mutex::new(inodes),
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
-            logs: Mutex::new(HashMap::new()),
+            logs: config.logs,
             stats: Stats::default(),
             started: Instant::now(),
             view: config.view.map(Authority::new),

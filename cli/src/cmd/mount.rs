@@ -90,6 +90,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         bins: bins(),
         view: None,
         view_count: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+        logs: server::SharedLogs::default(),
     };
     let fs = server::CtxFs::new(config.clone())
         .map_err(|e| Exit::io(format!("cannot open storage {}", a.source.display()), &e))?;
