@@ -14,11 +14,13 @@ build:
 
 demo:
 	@scripts/install-deps demo
+	@scripts/host-setup
 	$(CARGO) build --workspace --bins
 	@scripts/demo
 
 test:
 	@scripts/install-deps test
+	@scripts/host-setup
 	@CARGO="$(CARGO)" scripts/install-test-tools
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings

@@ -82,6 +82,7 @@ fn the_sandbox_is_the_agents_world_and_nothing_else() {
     let port = listener.local_addr().unwrap().port();
     let script = format!(
         "id -u > /workspace/uid; id -g > /workspace/gid; env > /workspace/env; ls /ctx > /workspace/root; \
+         grep NoNewPrivs /proc/self/status > /workspace/nnp; \
          ls /ctx/tool > /workspace/tools; ls /ctx/home > /workspace/homes; \
          test -e {storage} && echo visible > /workspace/storage; \
          /ctx/bin/tsh fs.stat a.txt > /workspace/stat; \
@@ -93,6 +94,7 @@ fn the_sandbox_is_the_agents_world_and_nothing_else() {
     assert_eq!(out.status.code(), Some(7), "the terminal's status reaches --wait: {}", text(&out));
     let read = |f: &str| fs::read_to_string(w.work.join(f)).unwrap_or_default();
     assert_eq!((read("uid"), read("gid")), ("1000\n".into(), "1000\n".into()));
+    assert_eq!(read("nnp"), "NoNewPrivs:\t1\n");
     let env: Vec<String> = read("env").lines().map(|l| l.split('=').next().unwrap().to_owned()).collect();
     let allowed = [
         "CTX_ROOT",
@@ -181,6 +183,40 @@ fn stop_leaves_nothing_behind_and_two_clients_share_the_terminal() {
     assert!(!views.contains(&format!("/run/cortexfs/view/coder/{s} ")), "the view is gone");
     let ps = Command::new(tests::bin("ctx")).args(["agent", "ps"]).output().unwrap();
     assert!(!String::from_utf8_lossy(&ps.stdout).contains(&s));
+}
+
+/// The gateway of the sandbox's network namespace (pasta maps it to the host's loopback).
+const GATEWAY: &str = "import socket, struct\n\
+    routes = [l.split() for l in open('/proc/net/route').read().splitlines()[1:]]\n\
+    gw = [socket.inet_ntoa(struct.pack('<L', int(f[2], 16))) for f in routes if f[1] == '00000000'][0]\n";
+
+#[test]
+fn a_network_grant_gives_egress_through_pasta() {
+    let w = World::new();
+    let policy = w.s.storage.join("agent/coder.d/policy");
+    let mut p = fs::read_to_string(&policy).unwrap();
+    p.push_str("allow coder_t network:default connect\n");
+    fs::write(&policy, p).unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in listener.incoming().flatten() {
+            let mut c = c;
+            let _ = c.write_all(b"hello from the host");
+        }
+    });
+    let script = format!(
+        "{GATEWAY}s = socket.create_connection((gw, {port}), 5)\n\
+         open('/workspace/net', 'w').write(s.recv(100).decode())\n"
+    );
+    let out = w.start(
+        &session("n"),
+        &["--wait"],
+        &["/bin/sh", "-c", "python3 -c \"$0\" 2>/workspace/err", &script],
+    );
+    let err = fs::read_to_string(w.work.join("err")).unwrap_or_default();
+    assert!(out.status.success(), "{}\n{err}", text(&out));
+    assert_eq!(fs::read_to_string(w.work.join("net")).unwrap(), "hello from the host");
 }
 
 #[test]

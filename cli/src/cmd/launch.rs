@@ -128,6 +128,24 @@ fn supervisor(runtime: &Path) -> Option<i32> {
     alive(pid).then_some(pid)
 }
 
+/// Whether pasta can give `uid` a network: pasta installed, `/dev/net/tun` present and open to
+/// that uid (pasta runs as the agent).
+fn network_ready(uid: u32) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    if !Path::new("/usr/bin/pasta").exists() {
+        return Err("/usr/bin/pasta is missing (Debian package passt)".into());
+    }
+    let tun = std::fs::metadata("/dev/net/tun").map_err(|e| format!("/dev/net/tun: {e}"))?;
+    let open_to = |shift: u32| tun.mode() >> shift & 0o6 == 0o6;
+    if !(open_to(0) || (tun.uid() == uid && open_to(6))) {
+        return Err(format!(
+            "/dev/net/tun (mode {:o}) is not open to uid {uid}: chmod 0666 /dev/net/tun (scripts/host-setup)",
+            tun.mode() & 0o777
+        ));
+    }
+    Ok(())
+}
+
 /// Derives the contract: identity, network, mounts and environment.
 fn contract(s: &Start) -> anyhow::Result<Contract> {
     policy::name::validate(&s.agent).map_err(|e| invalid(format!("agent {:?}: {e}", s.agent)))?;
@@ -156,13 +174,10 @@ fn contract(s: &Start) -> anyhow::Result<Contract> {
         object: "default",
         permission: Permission::Connect,
     });
-    let network = granted && Path::new("/usr/bin/pasta").exists() && Path::new("/dev/net/tun").exists();
-    if granted && !network {
-        eprintln!(
-            "ctx: agent {}: network granted, but pasta or /dev/net/tun is missing: no network",
-            s.agent
-        );
-    }
+    let network = granted
+        && network_ready(uid)
+            .map_err(|why| eprintln!("ctx: agent {}: network granted, but {why}: no network", s.agent))
+            .is_ok();
     let workspace = if s.no_workspace {
         None
     } else {
@@ -274,9 +289,18 @@ pub fn start(s: Start) -> anyhow::Result<()> {
         if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
             break;
         }
-        if let Ok(Some(st)) = child.try_wait() {
-            let log = std::fs::read_to_string(c.runtime.join("log")).unwrap_or_default();
-            return Err(Exit::new(exit::FAILURE, format!("the sandbox ended at once ({st}):\n{log}")).into());
+        if let Ok(Some(_)) = child.try_wait() {
+            // Ended before we saw its socket: a short command, or a sandbox that could not start.
+            let code: Option<u8> =
+                std::fs::read_to_string(c.runtime.join("exit")).ok().and_then(|t| t.trim().parse().ok());
+            return match code {
+                Some(0) if s.wait => Ok(()),
+                Some(code) if s.wait => Err(Exit::quiet(code).into()),
+                _ => {
+                    let log = std::fs::read_to_string(c.runtime.join("log")).unwrap_or_default();
+                    Err(Exit::new(exit::FAILURE, format!("the terminal ended at once:\n{log}")).into())
+                }
+            };
         }
         if t.elapsed() > Duration::from_secs(15) {
             return Err(Exit::new(
@@ -318,7 +342,9 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
         let g: Vec<String> = c.groups.iter().map(u32::to_string).collect();
         cmd.arg(format!("--groups={}", g.join(",")));
     }
-    cmd.args(["--no-new-privs", "--"]);
+    // No --no-new-privs here: pasta needs to map its namespace first; bwrap sets no_new_privs
+    // for everything in the sandbox (checked by the tests).
+    cmd.arg("--");
     if c.network {
         cmd.args(["pasta", "--config-net", "--quiet", "--"]);
     }
@@ -330,6 +356,8 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
         "--unshare-uts",
         "--unshare-cgroup-try",
     ]);
+    // The agent's ids inside too (under pasta, the process starting bwrap is its namespace's root).
+    cmd.arg("--uid").arg(c.uid.to_string()).arg("--gid").arg(c.gid.to_string());
     if !c.network {
         cmd.arg("--unshare-net");
     }
