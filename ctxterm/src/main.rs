@@ -26,6 +26,9 @@ struct Cli {
     /// Initial window size as COLSxROWS.
     #[arg(long, value_parser = parse_size)]
     size: Option<(u16, u16)>,
+    /// Start the command only once the first client has connected (it then sees all output).
+    #[arg(long)]
+    wait_client: bool,
     /// The command to run.
     #[arg(last = true)]
     command: Vec<String>,
@@ -46,7 +49,13 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let command = if cli.command.is_empty() { vec!["tsh".to_owned()] } else { cli.command };
-    let opts = Options { socket: cli.socket, command, scrollback: cli.scrollback, size: cli.size };
+    let opts = Options {
+        socket: cli.socket,
+        command,
+        scrollback: cli.scrollback,
+        size: cli.size,
+        wait_client: cli.wait_client,
+    };
     match term::run(&opts) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(term::RunError::Spawn(e)) => {

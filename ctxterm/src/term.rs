@@ -33,6 +33,8 @@ pub struct Options {
     pub scrollback: usize,
     /// Initial window size (columns, rows).
     pub size: Option<(u16, u16)>,
+    /// Start the command only once the first client has connected, so that it sees all output.
+    pub wait_client: bool,
 }
 
 /// Client modes.
@@ -92,6 +94,11 @@ pub fn run(opts: &Options) -> Result<i32, RunError> {
             Winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 },
         )?;
     }
+    // The socket exists before the command runs.
+    let _ = std::fs::remove_file(&opts.socket);
+    let listener = UnixListener::bind(&opts.socket)?;
+    std::fs::set_permissions(&opts.socket, std::fs::Permissions::from_mode(0o600))?;
+    let first = if opts.wait_client { Some(listener.accept()?.0) } else { None };
     let program = opts.command.first().ok_or_else(|| RunError::Spawn(io::Error::other("no command")))?;
     let mut cmd = Command::new(program);
     cmd.args(&opts.command[1..])
@@ -106,9 +113,6 @@ pub fn run(opts: &Options) -> Result<i32, RunError> {
     drop(slave);
     let pid = rustix::process::Pid::from_child(&child);
 
-    let _ = std::fs::remove_file(&opts.socket);
-    let listener = UnixListener::bind(&opts.socket)?;
-    std::fs::set_permissions(&opts.socket, std::fs::Permissions::from_mode(0o600))?;
     let master = File::from(master);
     let state = Arc::new(Mutex::new(State {
         ring: Ring::new(opts.scrollback),
@@ -121,6 +125,10 @@ pub fn run(opts: &Options) -> Result<i32, RunError> {
         let (mut m, state) = (master.try_clone()?, Arc::clone(&state));
         std::thread::Builder::new().name("pty".into()).spawn(move || pump(&mut m, &state))?
     };
+    if let Some(stream) = first {
+        let (m, state) = (master.try_clone()?, Arc::clone(&state));
+        std::thread::Builder::new().name("client".into()).spawn(move || serve(stream, m, &state))?;
+    }
     {
         let (m, state) = (master.try_clone()?, Arc::clone(&state));
         std::thread::Builder::new().name("accept".into()).spawn(move || {

@@ -220,6 +220,23 @@ fn a_network_grant_gives_egress_through_pasta() {
 }
 
 #[test]
+fn hosted_cli_profiles_run_in_the_sandbox_without_network() {
+    let w = World::new();
+    for (profile, want) in [("codex", "codex-cli 0.171.0"), ("claude", "2.1.332 (Claude Code)")] {
+        let out = w.start(&session(profile), &["--wait", "--profile", profile], &["--version"]);
+        assert!(out.status.success(), "{profile}: {}", text(&out));
+        assert!(String::from_utf8_lossy(&out.stdout).contains(want), "{profile}: {}", text(&out));
+    }
+    if !Path::new("/usr/bin/pi").exists() {
+        let out = w.start(&session("pi"), &["--wait", "--profile", "pi"], &["--version"]);
+        assert_eq!(out.status.code(), Some(69), "{}", text(&out));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("npm install -g"), "{}", text(&out));
+    }
+    let out = w.start(&session("x"), &["--profile", "nope"], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
+
+#[test]
 fn bad_mounts_are_refused_before_anything_starts() {
     let w = World::new();
     for bad in

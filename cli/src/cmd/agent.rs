@@ -149,6 +149,9 @@ pub struct StartArgs {
     /// Seconds between SIGTERM and SIGKILL when stopping.
     #[arg(long, default_value_t = 5)]
     grace: u64,
+    /// A hosted CLI profile: tsh, codex, claude or pi (arguments after -- go to it).
+    #[arg(long)]
+    profile: Option<String>,
     /// The command (default: tsh).
     #[arg(last = true)]
     cmd: Vec<String>,
@@ -587,6 +590,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                 mounts,
                 no_workspace: a.no_default_workspace,
                 cmd: a.cmd,
+                profile: a.profile,
                 ctx: a.ctx,
                 control: a.control,
                 wait: a.wait,

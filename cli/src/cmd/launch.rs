@@ -40,6 +40,43 @@ pub const RUNTIME: &str = "/run/cortexfs/agent";
 /// The socket's path inside the sandbox.
 const SANDBOX_SOCKET: &str = "/run/cortexfs/terminal/main.sock";
 
+/// A hosted CLI launch profile: which program runs in the terminal and what it needs. CortexFS
+/// runs these CLIs as they are; it never re-implements their model loop, sessions or approvals.
+#[derive(Debug)]
+pub struct Profile {
+    /// `--profile NAME`.
+    pub name: &'static str,
+    /// The program, as seen inside the sandbox (host `/usr` is bound read-only).
+    pub program: &'static str,
+    /// Environment it needs (its state under the sandbox's private `HOME`).
+    pub env: &'static [(&'static str, &'static str)],
+    /// Where it comes from, for the error when it is missing.
+    pub install: &'static str,
+}
+
+/// The profiles. Each CLI runs on the terminal's PTY.
+pub const PROFILES: &[Profile] = &[
+    Profile { name: "tsh", program: "/ctx/bin/tsh", env: &[], install: "ctx mount serves it in /ctx/bin" },
+    Profile {
+        name: "codex",
+        program: "/usr/bin/codex",
+        env: &[("CODEX_HOME", "/home/agent/.codex")],
+        install: "npm install -g @openai/codex",
+    },
+    Profile {
+        name: "claude",
+        program: "/usr/bin/claude",
+        env: &[("CLAUDE_CONFIG_DIR", "/home/agent/.claude"), ("DISABLE_AUTOUPDATER", "1")],
+        install: "npm install -g @anthropic-ai/claude-code",
+    },
+    Profile {
+        name: "pi",
+        program: "/usr/bin/pi",
+        env: &[],
+        install: "npm install -g @mariozechner/pi-coding-agent",
+    },
+];
+
 /// Everything a sandbox is started from, decided before anything is spawned.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Contract {
@@ -58,6 +95,8 @@ pub struct Contract {
     runtime: PathBuf,
     control: PathBuf,
     grace: u64,
+    /// The command starts once the first client connects (`start --wait` is that client).
+    wait_client: bool,
 }
 
 fn invalid(msg: impl Into<String>) -> anyhow::Error {
@@ -103,8 +142,10 @@ pub struct Start {
     pub mounts: Vec<(PathBuf, PathBuf, bool)>,
     /// No /workspace.
     pub no_workspace: bool,
-    /// The command (default: tsh).
+    /// The command (default: tsh), or the profile's arguments.
     pub cmd: Vec<String>,
+    /// A launch profile.
+    pub profile: Option<String>,
     /// The host mount.
     pub ctx: PathBuf,
     /// The daemon's control socket.
@@ -204,7 +245,25 @@ fn contract(s: &Start) -> anyhow::Result<Contract> {
     if workspace.is_some() {
         env.push(("CTX_WORKSPACE".to_owned(), "/workspace".to_owned()));
     }
-    let cmd = if s.cmd.is_empty() { vec!["/ctx/bin/tsh".to_owned()] } else { s.cmd.clone() };
+    let cmd = match &s.profile {
+        Some(name) => {
+            let p = PROFILES.iter().find(|p| p.name == name).ok_or_else(|| {
+                let known: Vec<&str> = PROFILES.iter().map(|p| p.name).collect();
+                invalid(format!("unknown profile {name:?} (known: {})", known.join(" ")))
+            })?;
+            if p.program.starts_with("/usr/") && !Path::new(p.program).exists() {
+                return Err(Exit::new(
+                    exit::UNAVAILABLE,
+                    format!("profile {}: {} is missing ({})", p.name, p.program, p.install),
+                )
+                .into());
+            }
+            env.extend(p.env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+            std::iter::once(p.program.to_owned()).chain(s.cmd.iter().cloned()).collect()
+        }
+        None if s.cmd.is_empty() => vec!["/ctx/bin/tsh".to_owned()],
+        None => s.cmd.clone(),
+    };
     Ok(Contract {
         agent: s.agent.clone(),
         session: s.session.clone(),
@@ -220,6 +279,7 @@ fn contract(s: &Start) -> anyhow::Result<Contract> {
         runtime: runtime_dir(&s.agent, &s.session),
         control: s.control.clone(),
         grace: s.grace,
+        wait_client: s.wait,
     })
 }
 
@@ -285,9 +345,14 @@ pub fn start(s: Start) -> anyhow::Result<()> {
     std::fs::write(c.runtime.join("pid"), child.id().to_string())?;
     let sock = term.join("main.sock");
     let t = Instant::now();
-    loop {
-        if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
-            break;
+    let watcher = loop {
+        if let Ok(mut conn) = std::os::unix::net::UnixStream::connect(&sock) {
+            if s.wait {
+                // The terminal waits for this first client: all of its output is shown here.
+                conn.write_all(b"watch\n")?;
+                break Some(conn);
+            }
+            break None;
         }
         if let Ok(Some(_)) = child.try_wait() {
             // Ended before we saw its socket: a short command, or a sandbox that could not start.
@@ -310,11 +375,9 @@ pub fn start(s: Start) -> anyhow::Result<()> {
             .into());
         }
         std::thread::sleep(Duration::from_millis(5));
-    }
-    println!("started agent {} session {}", c.agent, c.session);
-    println!("socket {}", sock.display());
-    println!("watch: ctx agent watch {} --session {}", c.agent, c.session);
-    if s.wait {
+    };
+    if let Some(mut conn) = watcher {
+        let _ = std::io::copy(&mut conn, &mut std::io::stdout());
         let st = child.wait()?;
         let code: u8 = std::fs::read_to_string(c.runtime.join("exit"))
             .ok()
@@ -323,7 +386,11 @@ pub fn start(s: Start) -> anyhow::Result<()> {
         if code != 0 {
             return Err(Exit::quiet(code).into());
         }
+        return Ok(());
     }
+    println!("started agent {} session {}", c.agent, c.session);
+    println!("socket {}", sock.display());
+    println!("watch: ctx agent watch {} --session {}", c.agent, c.session);
     Ok(())
 }
 
@@ -388,7 +455,11 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     for (k, v) in &c.env {
         cmd.args(["--setenv", k, v]);
     }
-    cmd.args(["--new-session", "--", "/ctx/bin/ctxterm", "--socket", SANDBOX_SOCKET, "--"]);
+    cmd.args(["--new-session", "--", "/ctx/bin/ctxterm", "--socket", SANDBOX_SOCKET]);
+    if c.wait_client {
+        cmd.arg("--wait-client");
+    }
+    cmd.arg("--");
     cmd.args(&c.cmd);
     cmd.env_clear().env("PATH", "/usr/bin:/bin").stdin(Stdio::null());
     let mut child = cmd.spawn().map_err(|e| Exit::new(exit::UNAVAILABLE, format!("setpriv/bwrap: {e}")))?;
