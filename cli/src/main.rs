@@ -36,6 +36,16 @@ enum Command {
     /// Create, list and remove agent views (root; through the daemon's control socket).
     #[command(subcommand)]
     View(cmd::view::Cmd),
+    /// Type one line into an agent's terminal (as `ctx agent send`).
+    Send {
+        /// The agent.
+        name: String,
+        /// The session.
+        #[arg(long, default_value = "default")]
+        session: String,
+        /// The line.
+        text: String,
+    },
     /// Install the default layout, the core tools and tsh into storage (idempotent).
     Bootstrap(cmd::bootstrap::Args),
     /// Run a safe core CLI (tsh.config); every other tool runs through tsh.
@@ -78,6 +88,7 @@ fn main() -> ExitCode {
         Command::Object(c) => cmd::object::run(c),
         Command::Queue(c) => cmd::queue::run(c),
         Command::View(c) => cmd::view::run(c),
+        Command::Send { name, session, text } => cmd::launch::send(&name, &session, &text),
         Command::Bootstrap(a) => cmd::bootstrap::run(a),
         Command::Tool { name, args } => cmd::tool::run(&name, &args),
         Command::ValidateName { name, mcp } => cmd::name::run(&name, mcp),

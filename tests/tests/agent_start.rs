@@ -173,9 +173,19 @@ fn stop_leaves_nothing_behind_and_two_clients_share_the_terminal() {
     assert!(out.contains("MARK2"), "the watcher sees what the attacher typed ran: {out}");
     assert!(!out.contains("NOPE4"), "a watcher cannot type: {out}");
 
+    let mut watch = Command::new(tests::bin("ctx"))
+        .args(["agent", "watch", "coder", "--session", &s])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
     let out =
         Command::new(tests::bin("ctx")).args(["agent", "stop", "coder", "--session", &s]).output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
+    let recorded: i32 =
+        fs::read_to_string(format!("/run/cortexfs/agent/coder/{s}/exit")).unwrap().trim().parse().unwrap();
+    assert_ne!(recorded, 0, "stopped by a signal");
+    assert_eq!(watch.wait().unwrap().code(), Some(recorded), "the status reaches watchers");
     let left = Command::new("pgrep").args(["-f", "sleep 1000"]).output().unwrap();
     assert!(left.stdout.is_empty(), "no process left behind: {}", text(&left));
     assert!(!Path::new(&sock).exists(), "the socket is gone");
@@ -237,7 +247,7 @@ fn hosted_cli_profiles_run_in_the_sandbox_without_network() {
 }
 
 #[test]
-fn bad_mounts_are_refused_before_anything_starts() {
+fn bad_mounts_are_refused_and_missing_ceilings_reported() {
     let w = World::new();
     for bad in
         [["/tmp", "/", "ro"], ["/tmp", "/ctx/x", "ro"], ["tmp", "/data", "ro"], ["/tmp", "/data", "rx"]]
@@ -246,5 +256,26 @@ fn bad_mounts_are_refused_before_anything_starts() {
         args.extend(bad);
         let out = w.start(&session("m"), &args, &["/bin/true"]);
         assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", text(&out));
+    }
+    // Resource ceilings go through cgroup v2; a host without it is told so.
+    let v2 = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"].iter().any(|r| {
+        fs::read_to_string(Path::new(r).join("cgroup.controllers"))
+            .is_ok_and(|c| c.split_whitespace().any(|x| x == "pids"))
+    });
+    let out = w.start(
+        &session("c"),
+        &["--wait", "--pids", "64"],
+        &["/bin/sh", "-c", "cat /proc/self/cgroup > /workspace/cg"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let cg = fs::read_to_string(w.work.join("cg")).unwrap();
+    if v2 {
+        assert!(cg.contains("cortexfs"), "{cg}");
+    } else {
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("resource ceilings not applied"),
+            "{}",
+            text(&out)
+        );
     }
 }

@@ -149,6 +149,12 @@ pub struct StartArgs {
     /// Seconds between SIGTERM and SIGKILL when stopping.
     #[arg(long, default_value_t = 5)]
     grace: u64,
+    /// memory.max for the sandbox in bytes (cgroup v2; reported when the host has none).
+    #[arg(long)]
+    memory: Option<u64>,
+    /// pids.max for the sandbox (cgroup v2; reported when the host has none).
+    #[arg(long)]
+    pids: Option<u64>,
     /// A hosted CLI profile: tsh, codex, claude or pi (arguments after -- go to it).
     #[arg(long)]
     profile: Option<String>,
@@ -591,6 +597,8 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                 no_workspace: a.no_default_workspace,
                 cmd: a.cmd,
                 profile: a.profile,
+                memory: a.memory,
+                pids: a.pids,
                 ctx: a.ctx,
                 control: a.control,
                 wait: a.wait,

@@ -97,6 +97,9 @@ pub struct Contract {
     grace: u64,
     /// The command starts once the first client connects (`start --wait` is that client).
     wait_client: bool,
+    /// Resource ceilings to apply through cgroup v2: memory.max in bytes, pids.max.
+    memory: Option<u64>,
+    pids: Option<u64>,
 }
 
 fn invalid(msg: impl Into<String>) -> anyhow::Error {
@@ -154,6 +157,10 @@ pub struct Start {
     pub wait: bool,
     /// Seconds between SIGTERM and SIGKILL at stop.
     pub grace: u64,
+    /// memory.max for the sandbox, in bytes.
+    pub memory: Option<u64>,
+    /// pids.max for the sandbox.
+    pub pids: Option<u64>,
 }
 
 fn runtime_dir(agent: &str, session: &str) -> PathBuf {
@@ -187,8 +194,68 @@ fn network_ready(uid: u32) -> Result<(), String> {
     Ok(())
 }
 
+/// The cgroup v2 directory sandboxes are placed under, when the host offers cgroup v2 with the
+/// memory and pids controllers; `Err` says why not.
+fn cgroup_root() -> Result<PathBuf, String> {
+    for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
+        let Ok(ctl) = std::fs::read_to_string(Path::new(root).join("cgroup.controllers")) else { continue };
+        let have: Vec<&str> = ctl.split_whitespace().collect();
+        if have.contains(&"memory") && have.contains(&"pids") {
+            return Ok(Path::new(root).join("cortexfs"));
+        }
+        return Err(format!("{root} is cgroup v2 without the memory and pids controllers ({})", ctl.trim()));
+    }
+    Err("this host has no cgroup v2 hierarchy (cgroup v1 only)".into())
+}
+
+/// Places `pid` in a cgroup of its own with the contract's ceilings.
+fn limit(c: &Contract, pid: u32) -> Result<(), String> {
+    let root = cgroup_root()?;
+    let io = |p: &Path, e: std::io::Error| format!("{}: {e}", p.display());
+    std::fs::create_dir_all(&root).map_err(|e| io(&root, e))?;
+    let ctl = root.join("cgroup.subtree_control");
+    let _ = std::fs::write(root.parent().unwrap_or(&root).join("cgroup.subtree_control"), "+memory +pids");
+    std::fs::write(&ctl, "+memory +pids").map_err(|e| io(&ctl, e))?;
+    let dir = root.join(format!("{}.{}", c.agent, c.session));
+    std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
+    if let Some(m) = c.memory {
+        std::fs::write(dir.join("memory.max"), m.to_string()).map_err(|e| io(&dir.join("memory.max"), e))?;
+    }
+    if let Some(n) = c.pids {
+        std::fs::write(dir.join("pids.max"), n.to_string()).map_err(|e| io(&dir.join("pids.max"), e))?;
+    }
+    std::fs::write(dir.join("cgroup.procs"), pid.to_string()).map_err(|e| io(&dir.join("cgroup.procs"), e))
+}
+
+/// What sandboxes need from the host, each missing piece with what to do about it.
+pub fn preflight() -> Result<(), String> {
+    let read = |p: &str| std::fs::read_to_string(p).ok().map(|t| t.trim().to_owned());
+    if !Path::new("/usr/bin/bwrap").exists() {
+        return Err("bubblewrap is not installed: apt-get install bubblewrap".into());
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return Err("/dev/fuse is missing: agent views are FUSE mounts (modprobe fuse)".into());
+    }
+    if read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref() == Some("1") {
+        return Err("AppArmor blocks unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns=1): \
+                    sysctl -w kernel.apparmor_restrict_unprivileged_userns=0, or give bwrap an AppArmor profile \
+                    that allows userns"
+            .into());
+    }
+    if read("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") {
+        return Err(
+            "unprivileged user namespaces are disabled: sysctl -w kernel.unprivileged_userns_clone=1".into(),
+        );
+    }
+    if read("/proc/sys/user/max_user_namespaces").as_deref() == Some("0") {
+        return Err("user namespaces are disabled (user.max_user_namespaces=0): sysctl -w user.max_user_namespaces=15000".into());
+    }
+    Ok(())
+}
+
 /// Derives the contract: identity, network, mounts and environment.
 fn contract(s: &Start) -> anyhow::Result<Contract> {
+    preflight().map_err(|why| Exit::new(exit::UNAVAILABLE, format!("cannot start sandboxes here: {why}")))?;
     policy::name::validate(&s.agent).map_err(|e| invalid(format!("agent {:?}: {e}", s.agent)))?;
     policy::name::validate(&s.session).map_err(|e| invalid(format!("session {:?}: {e}", s.session)))?;
     if !s.ctx.join("agent").join(&s.agent).exists() {
@@ -215,10 +282,15 @@ fn contract(s: &Start) -> anyhow::Result<Contract> {
         object: "default",
         permission: Permission::Connect,
     });
-    let network = granted
-        && network_ready(uid)
-            .map_err(|why| eprintln!("ctx: agent {}: network granted, but {why}: no network", s.agent))
-            .is_ok();
+    if granted {
+        network_ready(uid).map_err(|why| {
+            Exit::new(
+                exit::UNAVAILABLE,
+                format!("agent {}: its policy grants network:default connect, but {why}", s.agent),
+            )
+        })?;
+    }
+    let network = granted;
     let workspace = if s.no_workspace {
         None
     } else {
@@ -280,6 +352,8 @@ fn contract(s: &Start) -> anyhow::Result<Contract> {
         control: s.control.clone(),
         grace: s.grace,
         wait_client: s.wait,
+        memory: s.memory,
+        pids: s.pids,
     })
 }
 
@@ -326,6 +400,11 @@ pub fn start(s: Start) -> anyhow::Result<()> {
         if !d.pop() {
             break;
         }
+    }
+    if (c.memory.is_some() || c.pids.is_some())
+        && let Err(why) = cgroup_root()
+    {
+        eprintln!("ctx: resource ceilings not applied: {why}");
     }
     crate::cmd::view::call(
         &c.control,
@@ -463,6 +542,11 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     cmd.args(&c.cmd);
     cmd.env_clear().env("PATH", "/usr/bin:/bin").stdin(Stdio::null());
     let mut child = cmd.spawn().map_err(|e| Exit::new(exit::UNAVAILABLE, format!("setpriv/bwrap: {e}")))?;
+    if (c.memory.is_some() || c.pids.is_some())
+        && let Err(why) = limit(&c, child.id())
+    {
+        eprintln!("resource ceilings not applied: {why}");
+    }
     let pid = rustix::process::Pid::from_child(&child);
     let mut killed_at: Option<Instant> = None;
     let status = loop {
@@ -488,6 +572,9 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     let _ = crate::cmd::view::call(&c.control, json!({"op": "rm", "path": c.view}));
     let _ = std::fs::remove_dir_all(c.runtime.join("term"));
     let _ = std::fs::remove_file(c.runtime.join("pid"));
+    if let Ok(root) = cgroup_root() {
+        let _ = std::fs::remove_dir(root.join(format!("{}.{}", c.agent, c.session)));
+    }
     eprintln!("agent {} session {}: terminal ended with status {code}", c.agent, c.session);
     Ok(())
 }
@@ -556,13 +643,24 @@ pub fn connect(agent: &str, session: &str, attach: bool) -> anyhow::Result<()> {
     let mut buf = [0u8; 8192];
     loop {
         match s.read(&mut buf) {
-            Ok(0) | Err(_) => return Ok(()),
+            Ok(0) | Err(_) => break,
             Ok(n) => {
                 out.write_all(&buf[..n])?;
                 out.flush()?;
             }
         }
     }
+    // The terminal ended: its status is the watcher's too, once the supervisor recorded it.
+    let exit_file = runtime_dir(agent, session).join("exit");
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(5) {
+        if let Some(code) = std::fs::read_to_string(&exit_file).ok().and_then(|t| t.trim().parse::<u8>().ok())
+        {
+            return if code == 0 { Ok(()) } else { Err(Exit::quiet(code).into()) };
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
 }
 
 /// Types one line into the terminal (`ctx send`).
