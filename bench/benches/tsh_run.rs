@@ -15,24 +15,13 @@
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 const ROUNDS: usize = 400;
 
 /// A named way to start the process, and its samples.
 type Case<'a> = (&'static str, Box<dyn Fn() -> Command + 'a>, Vec<f64>);
-
-fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("bench path");
-    exe.parent().and_then(Path::parent).expect("target/<profile>").to_path_buf()
-}
-
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
 
 fn timed(cmd: &mut Command) -> f64 {
     let t = Instant::now();
@@ -42,54 +31,15 @@ fn timed(cmd: &mut Command) -> f64 {
     e
 }
 
-struct Mount {
-    child: std::process::Child,
-    mnt: PathBuf,
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let _ = rustix::process::kill_process(
-            rustix::process::Pid::from_child(&self.child),
-            rustix::process::Signal::TERM,
-        );
-        let _ = self.child.wait();
-        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-    }
-}
-
 fn main() {
-    let bins = bin_dir();
-    let missing: Vec<&str> =
-        ["ctx", "tsh", "cortexfs-core"].into_iter().filter(|b| !bins.join(b).exists()).collect();
-    if !rustix::process::geteuid().is_root() || !Path::new("/dev/fuse").exists() || !missing.is_empty() {
-        println!("tsh_run: not run (needs root, /dev/fuse and release binaries; missing {missing:?})");
+    if let Some(why) = bench::unmet(&["ctx", "tsh", "cortexfs-core"]) {
+        println!("tsh_run: not run ({why})");
         return;
     }
-    let dir = tempfile::tempdir_in("/var/tmp").expect("temp dir");
-    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
-    let storage = dir.path().join("storage");
-    let mnt = dir.path().join("ctx");
-    let control = dir.path().join("control.sock");
-    fs::create_dir(&mnt).expect("mount point");
-    let child = Command::new(bins.join("ctx"))
-        .arg("mount")
-        .arg("--source")
-        .arg(&storage)
-        .arg(&mnt)
-        .arg("--control")
-        .arg(&control)
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("ctx mount");
-    let _mount = Mount { child, mnt: mnt.clone() };
-    let t = Instant::now();
-    while fs::read(mnt.join("status")).is_err() {
-        assert!(t.elapsed() < Duration::from_secs(10), "ctx mount did not come up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let bins = bench::bin_dir();
+    let m = bench::Mounted::start();
+    let (dir, storage, control) = (&m.dir, m.storage.clone(), m.control.clone());
     let ok = |c: &mut Command| assert!(c.status().expect("spawn").success(), "{c:?}");
-    ok(Command::new(bins.join("ctx")).arg("bootstrap").arg(&storage).stdout(Stdio::null()));
     fs::write(storage.join("tool/fs.stat.d/policy"), "allow bench_t tool:fs.stat execute\n").expect("grant");
     fs::create_dir_all(storage.join("agent/bench.d")).expect("agent");
     fs::write(storage.join("agent/bench"), "#!/bin/sh\n").expect("agent");
@@ -174,7 +124,7 @@ fn main() {
     println!("tsh_run: {ROUNDS} interleaved rounds, whole processes, microseconds");
     println!("{:<34} {:>9} {:>9} {:>11} {:>11}", "case", "p50 us", "p99 us", "p50 ratio", "p99 ratio");
     for (i, (name, _, samples)) in cases.iter_mut().enumerate() {
-        let (p50, p99) = (pct(samples, 0.5), pct(samples, 0.99));
+        let (p50, p99) = (bench::pct(samples, 0.5), bench::pct(samples, 0.99));
         if i == 0 {
             base = (p50, p99);
         }
