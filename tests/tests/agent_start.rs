@@ -257,6 +257,42 @@ fn bad_mounts_are_refused_and_missing_ceilings_reported() {
         let out = w.start(&session("m"), &args, &["/bin/true"]);
         assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", text(&out));
     }
+    // The agent's own mount table is applied (its policy grants it); a mount the policy does
+    // not grant is refused before anything starts.
+    let data = w.s.dir.path().join("data");
+    fs::create_dir_all(&data).unwrap();
+    fs::write(data.join("f"), "mounted\n").unwrap();
+    let st = w.s.storage.to_str().unwrap();
+    let d = data.to_str().unwrap();
+    let out = Command::new(tests::bin("ctx"))
+        .args([
+            "agent", "new", "mounter", "--uid", "1000", "--gid", "1000", "--mount", d, "/data", "ro",
+            "--source", st,
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let out = Command::new(tests::bin("ctx"))
+        .args(["agent", "start", "mounter", "--session", &session("mt"), "--wait", "--ctx"])
+        .arg(&w.s.mnt)
+        .arg("--control")
+        .arg(&w.s.control)
+        .arg("--cwd")
+        .arg(&w.work)
+        .args([
+            "--",
+            "/bin/sh",
+            "-c",
+            "cat /data/f > /workspace/m; touch /data/g 2>/dev/null || echo ro >> /workspace/m",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(fs::read_to_string(w.work.join("m")).unwrap(), "mounted\nro\n");
+    let out = w.start(&session("mu"), &["--mount", d, "/extra", "ro"], &["/bin/true"]);
+    assert_eq!(out.status.code(), Some(13), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("mount:/extra"), "{}", text(&out));
+
     // Resource ceilings go through cgroup v2; a host without it is told so.
     let v2 = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"].iter().any(|r| {
         fs::read_to_string(Path::new(r).join("cgroup.controllers"))

@@ -291,6 +291,39 @@ fn contract(s: &Start) -> anyhow::Result<Contract> {
         })?;
     }
     let network = granted;
+    // Mounts: the agent's own table, then the operator's --mount; each one authorized by the
+    // agent's policy (`mount:TARGET read`, and `write` for rw), or nothing starts.
+    let table = read_control(&s.ctx, &s.agent, "mount").unwrap_or_default();
+    let table = policy::mount::parse(table.as_bytes()).map_err(|errs| {
+        let why: Vec<String> = errs.iter().map(ToString::to_string).collect();
+        invalid(format!("agent/{}.d/mount: {}", s.agent, why.join("; ")))
+    })?;
+    let mut mounts: Vec<(PathBuf, PathBuf, bool)> = table
+        .iter()
+        .map(|m| (PathBuf::from(&m.source), PathBuf::from(&m.target), m.mode == policy::mount::MountMode::Rw))
+        .collect();
+    mounts.extend(s.mounts.iter().cloned());
+    for (src, tgt, rw) in &mounts {
+        let target = tgt.to_string_lossy();
+        let allows = |permission| {
+            policy.allows(&Query { subject: &label, class: Class::Mount, object: &target, permission })
+        };
+        if !allows(Permission::Read) || (*rw && !allows(Permission::Write)) {
+            return Err(Exit::new(
+                exit::DENIED,
+                format!(
+                    "mount {} at {target} ({}): the agent's policy does not allow {label} mount:{target} {}",
+                    src.display(),
+                    if *rw { "rw" } else { "ro" },
+                    if *rw { "read and write" } else { "read" }
+                ),
+            )
+            .into());
+        }
+        if !src.exists() {
+            return Err(invalid(format!("mount {}: the source does not exist", src.display())));
+        }
+    }
     let workspace = if s.no_workspace {
         None
     } else {
@@ -345,7 +378,7 @@ fn contract(s: &Start) -> anyhow::Result<Contract> {
         network,
         view: Path::new(server::control::DEFAULT_VIEW_ROOT).join(&s.agent).join(&s.session),
         workspace,
-        mounts: s.mounts.clone(),
+        mounts,
         env,
         cmd,
         runtime: runtime_dir(&s.agent, &s.session),
