@@ -16,6 +16,7 @@
 //!
 //! Any crate may depend on this one; of the workspace crates it depends only on `policy`.
 
+pub mod agent;
 mod fs;
 mod input;
 mod shell;
@@ -43,10 +44,31 @@ pub struct ToolInfo {
 }
 
 /// The core tools, in the order they are listed.
-pub const TOOLS: &[ToolInfo] =
-    &[TABLE[0].info, TABLE[1].info, TABLE[2].info, TABLE[3].info, TABLE[4].info, TABLE[5].info];
+pub const TOOLS: &[ToolInfo] = &[
+    TABLE[0].info,
+    TABLE[1].info,
+    TABLE[2].info,
+    TABLE[3].info,
+    TABLE[4].info,
+    TABLE[5].info,
+    TABLE[6].info,
+    TABLE[7].info,
+    TABLE[8].info,
+    TABLE[9].info,
+];
 
-const TABLE: [Tool; 6] = [fs::READ, fs::LIST, fs::STAT, fs::WRITE, shell::EXEC, tsh::CONFIG];
+const TABLE: [Tool; 10] = [
+    fs::READ,
+    fs::LIST,
+    fs::STAT,
+    fs::WRITE,
+    shell::EXEC,
+    tsh::CONFIG,
+    agent::CREATE,
+    agent::START,
+    agent::STOP,
+    agent::UPDATE,
+];
 
 /// A tool's description, CLI synopsis and entry point.
 struct Tool {
@@ -227,6 +249,10 @@ mod tests {
         match schema["type"].as_str().unwrap() {
             "string" => json!("x"),
             "integer" => schema.get("minimum").cloned().unwrap_or(json!(0)),
+            "array" => {
+                let n = schema.get("minItems").and_then(Value::as_u64).unwrap_or(1);
+                Value::Array((0..n).map(|_| example(&schema["items"])).collect())
+            }
             "object" => Value::Object(
                 schema["properties"]
                     .as_object()
@@ -290,6 +316,10 @@ mod tests {
         same_input::<shell::ExecInput>(&schema("shell.exec"));
         same_input::<tsh::ConfigInput>(&schema("tsh.config"));
         same_input::<tsh::Settings>(&schema("tsh.config")["properties"]["set"]);
+        same_input::<agent::CreateInput>(&schema("agent.create"));
+        same_input::<agent::StartInput>(&schema("agent.start"));
+        same_input::<agent::StopInput>(&schema("agent.stop"));
+        same_input::<agent::UpdateInput>(&schema("agent.update"));
     }
 
     #[test]

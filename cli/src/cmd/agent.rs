@@ -34,8 +34,8 @@ use policy::v0::Class;
 use ringfs::object::publish::{self, Tier};
 use sha2::{Digest, Sha256};
 
-use crate::cmd::launch;
 use crate::cmd::object::DEFAULT_STORAGE;
+use crate::cmd::{launch, session};
 use crate::exit::{self, Exit};
 use crate::out;
 
@@ -112,12 +112,56 @@ pub enum Cmd {
         /// The line.
         text: String,
     },
+    /// Print a session's messages (messages.jsonl).
+    History {
+        /// The agent.
+        name: String,
+        #[command(flatten)]
+        at: SessionAt,
+    },
+    /// Print a session's latest output (latest.md).
+    Output {
+        /// The agent.
+        name: String,
+        #[command(flatten)]
+        at: SessionAt,
+    },
+    /// List a session's children: ID, AGENT, SESSION, STATUS.
+    Children {
+        /// The agent.
+        name: String,
+        #[command(flatten)]
+        at: SessionAt,
+    },
+    /// Wait until a child ends: exit 0 done, 1 error, 130 cancelled.
+    Wait {
+        /// The parent agent.
+        name: String,
+        /// The child (agent name or record id).
+        child: String,
+        #[command(flatten)]
+        at: SessionAt,
+        /// Give up after this many seconds (exit 69).
+        #[arg(long)]
+        timeout: Option<u64>,
+    },
     /// The supervisor of one sandbox (started by `start`).
     #[command(hide = true)]
     Supervise {
         /// The launch contract.
         contract: PathBuf,
     },
+}
+
+/// A session, seen through the host's /ctx.
+#[derive(Debug, clap::Args)]
+pub struct SessionAt {
+    /// The session.
+    #[arg(long, default_value = "default")]
+    session: String,
+    /// The host's /ctx mount.
+    #[arg(long, default_value = "/ctx")]
+    ctx: PathBuf,
 }
 
 /// Arguments of `ctx agent start`.
@@ -200,14 +244,18 @@ pub struct NewArgs {
     )]
     mounts: Vec<String>,
     /// The agent's uid.
-    #[arg(long, default_value_t = NOBODY)]
-    uid: u32,
+    #[arg(long)]
+    uid: Option<u32>,
     /// The agent's primary gid.
-    #[arg(long, default_value_t = NOBODY)]
-    gid: u32,
+    #[arg(long)]
+    gid: Option<u32>,
     /// Supplementary group ids, comma-separated.
     #[arg(long, value_delimiter = ',', value_name = "G,G")]
     groups: Vec<u32>,
+    /// Create the agent as a child of PARENT (agent.create): the child may only narrow PARENT's
+    /// world; every widening is refused with its reason (exit 13). Ids default to the parent's.
+    #[arg(long, value_parser = parse_tool)]
+    parent: Option<String>,
 }
 
 /// A `--shared` grant.
@@ -383,13 +431,16 @@ fn controls_for(a: &NewArgs, label: &str, mounts: &[Mount]) -> BTreeMap<String, 
         c.insert(k.to_owned(), v.into_bytes());
     };
     put("label", format!("{label}\n"));
-    put("uid", format!("{}\n", a.uid));
-    put("gid", format!("{}\n", a.gid));
+    put("uid", format!("{}\n", a.uid.unwrap_or(NOBODY)));
+    put("gid", format!("{}\n", a.gid.unwrap_or(NOBODY)));
+    if let Some(p) = &a.parent {
+        put("parent", format!("{p}\n"));
+    }
     put("groups", groups);
     put("owner", format!("{owner}\n"));
     put("model", model);
     put("cwd", "/workspace\n".into());
-    put("path", format!("/ctx/tool:/ctx/home/{}/tool\n", a.uid));
+    put("path", format!("/ctx/tool:/ctx/home/{}/tool\n", a.uid.unwrap_or(NOBODY)));
     put("env", String::new());
     put("life", "owned\n".into());
     put("iso", "bwrap\n".into());
@@ -452,7 +503,47 @@ fn stage_and_check(
     })
 }
 
-fn new(a: NewArgs) -> anyhow::Result<()> {
+/// The authority of an installed agent, as `agent.create` checks a child against it.
+struct Authority {
+    label: String,
+    policy: policy::v0::Policy,
+    mounts: Vec<Mount>,
+    ids: policy::authority::Ids,
+}
+
+fn authority_of(storage: &Path, name: &str) -> anyhow::Result<Authority> {
+    let dir = agent_dir(storage).join(format!("{name}.d"));
+    if std::fs::symlink_metadata(agent_dir(storage).join(name)).is_err() {
+        return Err(Exit::new(exit::FAILURE, format!("no agent/{name}")).into());
+    }
+    let text =
+        |c: &str| String::from_utf8(read_control(&dir.join(c)).unwrap_or_default()).unwrap_or_default();
+    let num = |c: &str| {
+        text(c).trim().parse::<u32>().map_err(|_| invalid(format!("agent/{name}.d/{c} is not a number")))
+    };
+    let policy = policy::v0::Policy::from_text(text("policy").as_bytes())
+        .map_err(|_| invalid(format!("agent/{name}.d/policy does not parse")))?;
+    let mounts = policy::mount::parse(text("mount").as_bytes())
+        .map_err(|_| invalid(format!("agent/{name}.d/mount does not parse")))?;
+    let groups = text("groups").split_whitespace().filter_map(|g| g.parse().ok()).collect();
+    Ok(Authority {
+        label: text("label").trim().to_owned(),
+        policy,
+        mounts,
+        ids: policy::authority::Ids { uid: num("uid")?, gid: num("gid")?, groups },
+    })
+}
+
+fn new(mut a: NewArgs) -> anyhow::Result<()> {
+    let parent = match &a.parent {
+        Some(p) => {
+            let auth = authority_of(&a.at.source, p)?;
+            a.uid = a.uid.or(Some(auth.ids.uid));
+            a.gid = a.gid.or(Some(auth.ids.gid));
+            Some(auth)
+        }
+        None => None,
+    };
     let name = a.name.as_str();
     check_name(name)?;
     let label = match &a.label {
@@ -480,6 +571,36 @@ fn new(a: NewArgs) -> anyhow::Result<()> {
         return Err(Exit::new(exit::FAILURE, format!("agent/{name} already exists")).into());
     }
     let controls = controls_for(&a, &label, &mounts);
+    if let Some(p) = &parent {
+        let rules = policy::v0::parse(controls.get("policy").map_or(&[][..], Vec::as_slice))
+            .map_err(|_| Exit::new(exit::INTERNAL, "the generated policy does not parse"))?;
+        let ids = policy::authority::Ids {
+            uid: a.uid.unwrap_or(NOBODY),
+            gid: a.gid.unwrap_or(NOBODY),
+            groups: a.groups.clone(),
+        };
+        let checked = policy::attenuate::check_create(
+            &policy::attenuate::Parent {
+                subject: &p.label,
+                policy: &p.policy,
+                mounts: &p.mounts,
+                ids: &p.ids,
+            },
+            &policy::attenuate::Child { name, subject: &label, rules: &rules, mounts: &mounts, ids: &ids },
+        );
+        if let Err(widenings) = checked {
+            let why: Vec<String> = widenings.iter().map(|w| format!("  {w}")).collect();
+            return Err(Exit::new(
+                exit::DENIED,
+                format!(
+                    "agent/{name} would be wider than its parent agent/{}:\n{}",
+                    a.parent.as_deref().unwrap_or(""),
+                    why.join("\n")
+                ),
+            )
+            .into());
+        }
+    }
     for (control, bytes) in &controls {
         match controls::classify(ObjectClass::Agent, control) {
             Some(Owner::Host | Owner::SelfUpdatable) => {}
@@ -514,7 +635,7 @@ fn new(a: NewArgs) -> anyhow::Result<()> {
     for p in &done.cleared {
         out::line(format_args!("cleared residue {}", p.display()))?;
     }
-    out::line(format_args!("created agent/{name} (label {label}, uid {})", a.uid))
+    out::line(format_args!("created agent/{name} (label {label}, uid {})", a.uid.unwrap_or(NOBODY)))
 }
 
 fn ls(storage: &Path, json: bool) -> anyhow::Result<()> {
@@ -611,6 +732,10 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Attach { name, session } => launch::connect(&name, &session, true),
         Cmd::Send { name, session, text } => launch::send(&name, &session, &text),
         Cmd::Supervise { contract } => launch::supervise(&contract),
+        Cmd::History { name, at } => session::history(&at.ctx, &name, &at.session),
+        Cmd::Output { name, at } => session::output(&at.ctx, &name, &at.session),
+        Cmd::Children { name, at } => session::children(&at.ctx, &name, &at.session),
+        Cmd::Wait { name, child, at, timeout } => session::wait(&at.ctx, &name, &at.session, &child, timeout),
     }
 }
 

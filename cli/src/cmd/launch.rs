@@ -100,6 +100,8 @@ pub struct Contract {
     /// Resource ceilings to apply through cgroup v2: memory.max in bytes, pids.max.
     memory: Option<u64>,
     pids: Option<u64>,
+    /// The host's /ctx mount.
+    ctx: PathBuf,
 }
 
 fn invalid(msg: impl Into<String>) -> anyhow::Error {
@@ -169,6 +171,15 @@ fn runtime_dir(agent: &str, session: &str) -> PathBuf {
 
 fn alive(pid: i32) -> bool {
     rustix::process::Pid::from_raw(pid).is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
+}
+
+/// The recorded exit status of a finished agent session, if it has finished.
+pub fn exit_of(agent: &str, session: &str) -> Option<i32> {
+    let runtime = runtime_dir(agent, session);
+    if supervisor(&runtime).is_some() {
+        return None;
+    }
+    std::fs::read_to_string(runtime.join("exit")).ok()?.trim().parse().ok()
 }
 
 fn supervisor(runtime: &Path) -> Option<i32> {
@@ -387,6 +398,7 @@ fn contract(s: &Start) -> anyhow::Result<Contract> {
         wait_client: s.wait,
         memory: s.memory,
         pids: s.pids,
+        ctx: s.ctx.clone(),
     })
 }
 
@@ -403,6 +415,17 @@ pub fn start(s: Start) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&c.runtime);
     let term = c.runtime.join("term");
     std::fs::create_dir_all(&term)?;
+    let receipt = c.runtime.join("receipt");
+    std::fs::create_dir_all(&receipt)?;
+    rustix::fs::chown(
+        &receipt,
+        Some(rustix::fs::Uid::from_raw(c.uid)),
+        Some(rustix::fs::Gid::from_raw(c.gid)),
+    )?;
+    std::fs::set_permissions(
+        &receipt,
+        <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o700),
+    )?;
     // The agent reaches its socket directory (and only it) through directories it cannot list.
     {
         use std::os::unix::fs::PermissionsExt;
@@ -413,27 +436,9 @@ pub fn start(s: Start) -> anyhow::Result<()> {
         }
     }
     rustix::fs::chown(&term, Some(rustix::fs::Uid::from_raw(c.uid)), Some(rustix::fs::Gid::from_raw(c.gid)))?;
-    // The session directory, in the agent's home, owned by the agent.
-    let session = s
-        .ctx
-        .join("home")
-        .join(c.uid.to_string())
-        .join("agent")
-        .join(&c.agent)
-        .join("session")
-        .join(&c.session);
-    std::fs::create_dir_all(&session).map_err(|e| Exit::io(session.display(), &e))?;
-    let mut d = session.clone();
-    while d.starts_with(s.ctx.join("home").join(c.uid.to_string())) && d != s.ctx.join("home") {
-        let _ = rustix::fs::chown(
-            &d,
-            Some(rustix::fs::Uid::from_raw(c.uid)),
-            Some(rustix::fs::Gid::from_raw(c.gid)),
-        );
-        if !d.pop() {
-            break;
-        }
-    }
+    // The session, in the agent's home, owned by the agent.
+    let cwd = c.workspace.as_ref().map_or_else(|| "/".to_owned(), |_| "/workspace".to_owned());
+    crate::cmd::session::prepare(&s.ctx, c.uid, c.gid, &c.agent, &c.session, &cwd)?;
     if (c.memory.is_some() || c.pids.is_some())
         && let Err(why) = cgroup_root()
     {
@@ -513,6 +518,16 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT, signal_hook::consts::SIGHUP] {
         signal_hook::flag::register(sig, std::sync::Arc::clone(&term_flag))?;
     }
+    let run = crate::cmd::receipt::Run {
+        agent: c.agent.clone(),
+        session: c.session.clone(),
+        uid: c.uid,
+        ctx: c.ctx.clone(),
+        control: c.control.clone(),
+        workspace: c.workspace.clone(),
+    };
+    let children = crate::cmd::receipt::Children::default();
+    crate::cmd::receipt::serve(run.clone(), &c.runtime.join("receipt/main.sock"), children.clone())?;
     let mut cmd = Command::new("setpriv");
     cmd.arg(format!("--reuid={}", c.uid)).arg(format!("--regid={}", c.gid));
     if c.groups.is_empty() {
@@ -554,6 +569,7 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     cmd.args(["--dir", "/home/agent", "--hostname", &c.agent]);
     cmd.arg("--bind").arg(&c.view).arg("/ctx");
     cmd.arg("--bind").arg(c.runtime.join("term")).arg("/run/cortexfs/terminal");
+    cmd.arg("--bind").arg(c.runtime.join("receipt")).arg("/run/cortexfs/receipt");
     if let Some(w) = &c.workspace {
         cmd.arg("--bind").arg(w).arg("/workspace");
         cmd.args(["--chdir", "/workspace"]);
@@ -582,9 +598,14 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     }
     let pid = rustix::process::Pid::from_child(&child);
     let mut killed_at: Option<Instant> = None;
+    let mut ticks = 0u32;
     let status = loop {
         if let Some(st) = child.try_wait()? {
             break st;
+        }
+        ticks += 1;
+        if ticks.is_multiple_of(20) {
+            run.reap(&children);
         }
         if term_flag.load(std::sync::atomic::Ordering::Relaxed) {
             match killed_at {
@@ -601,9 +622,17 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(10));
     };
     let code = tsh::run::code_of(status);
+    // Owned children go with their parent; their history stays.
+    run.reap(&children);
+    let owned: Vec<(String, String)> = children.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    for (child, session) in owned {
+        run.cancel(&child, &session);
+    }
+    crate::cmd::session::finish(&c.ctx, c.uid, &c.agent, &c.session, code);
     let _ = std::fs::write(c.runtime.join("exit"), format!("{code}\n"));
     let _ = crate::cmd::view::call(&c.control, json!({"op": "rm", "path": c.view}));
     let _ = std::fs::remove_dir_all(c.runtime.join("term"));
+    let _ = std::fs::remove_dir_all(c.runtime.join("receipt"));
     let _ = std::fs::remove_file(c.runtime.join("pid"));
     if let Ok(root) = cgroup_root() {
         let _ = std::fs::remove_dir(root.join(format!("{}.{}", c.agent, c.session)));

@@ -8,5 +8,7 @@ pub mod name;
 pub mod object;
 pub mod policy;
 pub mod queue;
+pub mod receipt;
+pub mod session;
 pub mod tool;
 pub mod view;
