@@ -22,6 +22,7 @@ pub mod errno;
 pub mod manifest;
 pub mod mount;
 pub mod name;
+pub mod pack;
 pub mod package;
 pub mod path;
 pub mod tshconf;

@@ -72,6 +72,7 @@ for i in $(seq 100); do
   sleep 0.1
 done
 t agent.start '{{"name":"worker","session":"long","handoff":"count sheep","cmd":["/bin/sleep","1000"]}}' > s3.out 2>&1
+/ctx/bin/ctx agent new worker2 > via-ctx.out 2>&1; echo "$?" >> /workspace/codes
 "#
     );
     let out = Command::new(tests::bin("ctx"))
@@ -89,7 +90,7 @@ t agent.start '{{"name":"worker","session":"long","handoff":"count sheep","cmd":
     let codes: Vec<String> = read("codes").lines().map(str::to_owned).collect();
     assert_eq!(
         codes,
-        ["0", "13", "13", "0", "2", "2", "2", "0", "0", "0"],
+        ["0", "13", "13", "0", "2", "2", "2", "0", "0", "0", "13"],
         "{codes:?}\n{}",
         read("wide.out")
     );
@@ -136,7 +137,78 @@ t agent.start '{{"name":"worker","session":"long","handoff":"count sheep","cmd":
         assert!(rec.join(f).exists(), "{f}");
     }
     assert!(rec.join("artifact").is_dir());
+    // `ctx agent new` inside a sandbox goes through agent.create (no grant for worker2: 13); an
+    // agent without the lifecycle tools gets "service unavailable" (69).
+    assert!(read("via-ctx.out").contains("agent:<child> create"), "{}", read("via-ctx.out"));
+    assert!(!s.storage.join("agent/worker2").exists());
+    let out = ctx(&["agent", "new", "plain", "--uid", "1000", "--gid", "1000", "--source", &st]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = Command::new(tests::bin("ctx"))
+        .args(["agent", "start", "plain", "--session", &session, "--wait", "--ctx"])
+        .arg(&s.mnt)
+        .arg("--control")
+        .arg(&s.control)
+        .arg("--cwd")
+        .arg(&work)
+        .args([
+            "--",
+            "/bin/sh",
+            "-c",
+            "/ctx/bin/ctx agent new x 2> /workspace/plain.err; echo $? > /workspace/plain",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(read("plain"), "69\n", "{}", read("plain.err"));
+    assert!(read("plain.err").contains("service unavailable"), "{}", read("plain.err"));
     let state =
         fs::read_to_string(s.storage.join(format!("home/1000/agent/boss/session/{session}/state"))).unwrap();
     assert_eq!(state, "done\n");
+}
+
+#[test]
+fn context_packs_are_checked_and_latest_is_rebuilt_from_messages() {
+    use sha2::Digest;
+    let s = Served::start();
+    let st = s.storage.to_str().unwrap().to_owned();
+    assert!(ctx(&["agent", "new", "packer", "--uid", "0", "--gid", "0", "--source", &st]).status.success());
+    let d = s.p("home/0/agent/packer/session/p1");
+    fs::create_dir_all(d.join("context/child/w.s2")).unwrap();
+    let answer = r#"{"role":"assistant","content":"the answer"}"#;
+    let mut f = fs::OpenOptions::new().append(true).create(true).open(d.join("messages.jsonl")).unwrap();
+    std::io::Write::write_all(
+        &mut f,
+        format!("{{\"role\":\"user\",\"content\":\"hi\"}}\n{answer}\n").as_bytes(),
+    )
+    .unwrap();
+    drop(f);
+    let sha = hex::encode(sha2::Sha256::digest(answer.as_bytes()));
+    let pack = |sha: &str| {
+        format!(
+            r#"{{"schema":"cortexfs.context-pack/v1","agent":"packer","session":"p1","items":[
+            {{"kind":"message","source":"messages.jsonl#2","sha256":"{sha}"}},
+            {{"kind":"child","source":"context/child/w.s2"}},
+            {{"kind":"note","source":"runtime","text":"keep going"}}]}}"#
+        )
+    };
+    fs::write(d.join("context/pack.json"), pack(&sha)).unwrap();
+    let m = s.mnt.to_str().unwrap();
+    let check = || ctx(&["agent", "pack", "packer", "--check", "--session", "p1", "--ctx", m]);
+    let out = check();
+    assert_eq!(out.status.code(), Some(2), "pack.md missing: {}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("pack.md is missing"), "{}", text(&out));
+    fs::write(d.join("context/pack.md"), "# working set\n").unwrap();
+    let out = check();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("ok: 3 items"), "{}", text(&out));
+    fs::write(d.join("context/pack.json"), pack(&"0".repeat(64))).unwrap();
+    let out = check();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("does not match its sha256"), "{}", text(&out));
+
+    let out = ctx(&["agent", "output", "packer", "--rebuild", "--session", "p1", "--ctx", m]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(fs::read_to_string(d.join("latest.md")).unwrap(), "the answer\n");
+    let out = ctx(&["agent", "history", "packer", "--session", "p1", "--ctx", m]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
 }

@@ -119,12 +119,25 @@ pub enum Cmd {
         #[command(flatten)]
         at: SessionAt,
     },
-    /// Print a session's latest output (latest.md).
+    /// Print a session's latest output (latest.md); --rebuild first rebuilds it from messages.
     Output {
         /// The agent.
         name: String,
         #[command(flatten)]
         at: SessionAt,
+        /// Rebuild latest.md from the last assistant message first.
+        #[arg(long)]
+        rebuild: bool,
+    },
+    /// Check a session's context pack (context/pack.json and pack.md): shape and provenance.
+    Pack {
+        /// The agent.
+        name: String,
+        #[command(flatten)]
+        at: SessionAt,
+        /// Check (the only action: CortexFS never builds packs).
+        #[arg(long, required = true)]
+        check: bool,
     },
     /// List a session's children: ID, AGENT, SESSION, STATUS.
     Children {
@@ -701,8 +714,66 @@ fn rm(storage: &Path, name: &str, yes: bool) -> anyhow::Result<()> {
     }
 }
 
-/// Runs the command.
+/// Inside an agent's terminal (its `/ctx` is its view), `ctx agent new|start|stop` go through
+/// the lifecycle tools, with the agent's authority, never around them.
+fn in_agent() -> Option<tsh::context::Context> {
+    std::env::var_os("CTX_AGENT")?;
+    let ctx = tsh::context::Context::from_env().ok()?;
+    ctx.agent.is_some().then_some(ctx)
+}
+
+fn through_tool(ctx: &tsh::context::Context, tool: &str, input: serde_json::Value) -> anyhow::Result<()> {
+    let resolver = tsh::resolve::Resolver::new(ctx.path.clone(), &policy::tshconf::TshConfig::default());
+    if resolver.walk(tool).is_err() {
+        return Err(Exit::new(
+            exit::UNAVAILABLE,
+            format!("service unavailable: {tool} is not installed or not granted to this agent"),
+        )
+        .into());
+    }
+    let status =
+        std::process::Command::new(ctx.root.join("bin/tsh")).arg(tool).arg(input.to_string()).status()?;
+    match status.code() {
+        Some(0) => Ok(()),
+        Some(c) => Err(Exit::quiet(u8::try_from(c).unwrap_or(exit::FAILURE)).into()),
+        None => Err(Exit::quiet(exit::FAILURE).into()),
+    }
+}
+
+fn routed(ctx: &tsh::context::Context, cmd: Cmd) -> anyhow::Result<()> {
+    use serde_json::json;
+    match cmd {
+        Cmd::New(a) => {
+            let mounts: Vec<&[String]> = a.mounts.chunks(3).collect();
+            let shared: Vec<String> = a
+                .shared
+                .iter()
+                .map(|s| format!("{}:{}", s.name, if s.write { "write" } else { "read" }))
+                .collect();
+            let mut v = json!({"name": a.name, "tools": a.tools, "models": a.models, "shared": shared,
+                "mounts": mounts, "groups": a.groups});
+            if let Some(l) = a.label {
+                v["label"] = json!(l);
+            }
+            through_tool(ctx, "agent.create", v)
+        }
+        Cmd::Start(a) => {
+            through_tool(ctx, "agent.start", json!({"name": a.name, "session": a.session, "cmd": a.cmd}))
+        }
+        Cmd::Stop { name, session } => {
+            through_tool(ctx, "agent.stop", json!({"name": name, "session": session}))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Runs `ctx agent ...`.
 pub fn run(cmd: Cmd) -> anyhow::Result<()> {
+    if matches!(cmd, Cmd::New(_) | Cmd::Start(_) | Cmd::Stop { .. })
+        && let Some(ctx) = in_agent()
+    {
+        return routed(&ctx, cmd);
+    }
     match cmd {
         Cmd::New(a) => new(a),
         Cmd::Ls { at, json } => ls(&at.source, json),
@@ -733,7 +804,9 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Send { name, session, text } => launch::send(&name, &session, &text),
         Cmd::Supervise { contract } => launch::supervise(&contract),
         Cmd::History { name, at } => session::history(&at.ctx, &name, &at.session),
-        Cmd::Output { name, at } => session::output(&at.ctx, &name, &at.session),
+        Cmd::Output { name, at, rebuild: false } => session::output(&at.ctx, &name, &at.session),
+        Cmd::Output { name, at, rebuild: true } => session::rebuild_latest(&at.ctx, &name, &at.session),
+        Cmd::Pack { name, at, .. } => session::pack_check(&at.ctx, &name, &at.session),
         Cmd::Children { name, at } => session::children(&at.ctx, &name, &at.session),
         Cmd::Wait { name, child, at, timeout } => session::wait(&at.ctx, &name, &at.session, &child, timeout),
     }

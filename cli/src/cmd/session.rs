@@ -145,3 +145,72 @@ pub fn wait(ctx: &Path, agent: &str, session: &str, child: &str, timeout: Option
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+struct OnDisk(PathBuf);
+
+impl policy::pack::Session for OnDisk {
+    fn line(&self, file: &str, n: usize) -> Option<Vec<u8>> {
+        let text = std::fs::read(self.0.join(file)).ok()?;
+        text.split(|b| *b == b'\n').nth(n - 1).filter(|l| !l.is_empty()).map(<[u8]>::to_vec)
+    }
+    fn child(&self, id: &str) -> bool {
+        self.0.join("context/child").join(id).is_dir()
+    }
+    fn sha256(&self, bytes: &[u8]) -> String {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(bytes))
+    }
+}
+
+/// `ctx agent pack --check`: the session's `context/pack.json` (shape and provenance) and its
+/// `pack.md`; every problem listed, exit 2 if any.
+pub fn pack_check(ctx: &Path, agent: &str, session: &str) -> anyhow::Result<()> {
+    let d = dir(ctx, uid_of(ctx, agent)?, agent, session);
+    let p = d.join("context/pack.json");
+    let bytes = std::fs::read(&p).map_err(|e| Exit::io(p.display(), &e))?;
+    let mut problems: Vec<String> = Vec::new();
+    if !d.join("context/pack.md").is_file() {
+        problems.push("context/pack.md is missing (the pack is pack.json and pack.md, side by side)".into());
+    }
+    match policy::pack::inspect_context_pack_json(&bytes) {
+        Err(errs) => problems.extend(errs.iter().map(ToString::to_string)),
+        Ok(pack) => {
+            if let Err(errs) =
+                policy::pack::validate_context_pack_source(&pack, agent, session, &OnDisk(d.clone()))
+            {
+                problems.extend(errs.iter().map(ToString::to_string));
+            }
+            if problems.is_empty() {
+                println!("ok: {} items, {}", pack.items.len(), p.display());
+                return Ok(());
+            }
+        }
+    }
+    for pr in &problems {
+        println!("{}: {pr}", p.display());
+    }
+    Err(Exit::quiet(exit::INVALID).into())
+}
+
+/// `ctx agent output --rebuild`: `latest.md` from the last assistant message of
+/// `messages.jsonl` (its `content`, or `text`), replaced whole.
+pub fn rebuild_latest(ctx: &Path, agent: &str, session: &str) -> anyhow::Result<()> {
+    let d = dir(ctx, uid_of(ctx, agent)?, agent, session);
+    let msgs = std::fs::read_to_string(d.join("messages.jsonl")).map_err(|e| Exit::io(d.display(), &e))?;
+    let last = msgs
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["role"] == "assistant")
+        .filter_map(|v| v["content"].as_str().or_else(|| v["text"].as_str()).map(str::to_owned))
+        .next_back()
+        .unwrap_or_default();
+    let mut text = last;
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    let tmp = d.join(format!(".latest.md.{}", std::process::id()));
+    std::fs::write(&tmp, &text).map_err(|e| Exit::io(tmp.display(), &e))?;
+    std::fs::rename(&tmp, d.join("latest.md")).map_err(|e| Exit::io(d.join("latest.md").display(), &e))?;
+    print!("{text}");
+    Ok(())
+}
