@@ -154,13 +154,19 @@ t agent.start '{{"name":"worker","session":"long","handoff":"count sheep","cmd":
             "--",
             "/bin/sh",
             "-c",
-            "/ctx/bin/ctx agent new x 2> /workspace/plain.err; echo $? > /workspace/plain",
+            "/ctx/bin/ctx agent new x 2> /workspace/plain.err; echo $? > /workspace/plain; python3 -c 'import socket,json
+s=socket.socket(socket.AF_UNIX); s.connect(\"/run/cortexfs/receipt/main.sock\")
+s.sendall(json.dumps({\"op\":\"agent.update\",\"input\":{\"control\":\"system.md\",\"content\":\"x\"}}).encode()+b\"\\n\")
+print(s.recv(4096).decode())' > /workspace/plain.raw",
         ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(read("plain"), "69\n", "{}", read("plain.err"));
     assert!(read("plain.err").contains("service unavailable"), "{}", read("plain.err"));
+    // The receipt socket checks both policies itself: going around tsh grants nothing.
+    assert!(read("plain.raw").contains("\"code\":13"), "{}", read("plain.raw"));
+    assert_ne!(fs::read_to_string(s.storage.join("agent/plain.d/system.md")).unwrap(), "x");
     let state =
         fs::read_to_string(s.storage.join(format!("home/1000/agent/boss/session/{session}/state"))).unwrap();
     assert_eq!(state, "done\n");

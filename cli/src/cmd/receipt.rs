@@ -305,8 +305,37 @@ impl Run {
         }
     }
 
+    /// Whether both policies let the caller run the lifecycle tool `tool`: the socket can be
+    /// reached without tsh, so it checks what tsh checks.
+    fn may_run(&self, tool: &str) -> Result<(), Value> {
+        let label = self.own("label").trim().to_owned();
+        let q = Query { subject: &label, class: Class::Tool, object: tool, permission: Permission::Execute };
+        let agent = Policy::from_text(self.own("policy").as_bytes()).is_ok_and(|p| p.allows(&q));
+        if !agent {
+            return Err(refuse(
+                13,
+                format!("refused by the agent policy: it does not allow {label} tool:{tool} execute"),
+            ));
+        }
+        let own = std::fs::read_to_string(self.ctx.join("tool").join(format!("{tool}.d")).join("policy"))
+            .unwrap_or_default();
+        if !Policy::from_text(own.as_bytes()).is_ok_and(|p| p.allows(&q)) {
+            return Err(refuse(
+                13,
+                format!("refused by the tool's own policy: tool/{tool}.d/policy does not allow {label}"),
+            ));
+        }
+        Ok(())
+    }
+
     fn handle(&self, req: &Value, children: &Children) -> Value {
         let input = &req["input"];
+        if let Some(op) = req["op"].as_str()
+            && op.starts_with("agent.")
+            && let Err(refused) = self.may_run(op)
+        {
+            return refused;
+        }
         match req["op"].as_str() {
             Some("agent.update") => self.update(input),
             Some("agent.create") => self.create(input),
