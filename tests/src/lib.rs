@@ -40,3 +40,13 @@ pub fn bin(name: &str) -> PathBuf {
 pub fn run(name: &str, args: &[&str]) -> Output {
     Command::new(bin(name)).args(args).output().expect("spawn")
 }
+
+/// A finished process's status and output, for assertion messages.
+pub fn shown(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout {}\nstderr {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}

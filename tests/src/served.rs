@@ -57,6 +57,19 @@ impl Served {
         }
     }
 
+    /// Mounts a view of `agent` (session `session`) at `path` through the daemon's control
+    /// socket; panics with the command's output if it fails.
+    pub fn view(&self, agent: &str, session: &str, path: &Path) {
+        let out = Command::new(crate::bin("ctx"))
+            .args(["view", "create", "--agent", agent, "--session", session, "--path"])
+            .arg(path)
+            .arg("--control")
+            .arg(&self.control)
+            .output()
+            .expect("spawn ctx view create");
+        assert!(out.status.success(), "ctx view create: {}", crate::shown(&out));
+    }
+
     /// A path under the mount.
     pub fn p(&self, rel: &str) -> PathBuf {
         self.mnt.join(rel)

@@ -10,12 +10,7 @@ use std::process::{Command, Output};
 use tests::served::Served;
 
 fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout {}\nstderr {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    tests::shown(o)
 }
 
 fn ctx(args: &[&str]) -> Output {

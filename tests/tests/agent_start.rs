@@ -13,12 +13,7 @@ use std::time::{Duration, Instant};
 use tests::served::Served;
 
 fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout {}\nstderr {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    tests::shown(o)
 }
 
 struct World {

@@ -25,12 +25,7 @@ fn need(script: &str) {
 }
 
 fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout {}\nstderr {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    tests::shown(o)
 }
 
 fn stdout(o: &Output) -> String {
@@ -115,19 +110,7 @@ fn filesystem_tools_are_projected_installed_and_called_through_tsh() {
     let grants: String = tools.iter().map(|t| format!("allow coder_t tool:{t} execute\n")).collect();
     fs::write(st.join("agent/coder.d/policy"), grants).unwrap();
     let view = s.dir.path().join("view");
-    let out = ctx(&[
-        "view",
-        "create",
-        "--agent",
-        "coder",
-        "--session",
-        "s1",
-        "--path",
-        view.to_str().unwrap(),
-        "--control",
-        s.control.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
+    s.view("coder", "s1", &view);
     let tsh = |args: &[&str], stdin: Option<&str>| {
         let mut c = Command::new(tests::bin("tsh"));
         c.args(args)

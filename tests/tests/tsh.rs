@@ -21,12 +21,7 @@ fn script(path: &Path, body: &str, mode: u32) {
 }
 
 fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout {}\nstderr {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    tests::shown(o)
 }
 
 struct World {
@@ -77,19 +72,7 @@ impl World {
         fs::create_dir_all(&work).unwrap();
         fs::write(work.join("f.txt"), "hello\n").unwrap();
         let view = s.dir.path().join("view");
-        let out = ctx(&[
-            "view",
-            "create",
-            "--agent",
-            "coder",
-            "--session",
-            "s1",
-            "--path",
-            view.to_str().unwrap(),
-            "--control",
-            s.control.to_str().unwrap(),
-        ]);
-        assert!(out.status.success(), "{}", text(&out));
+        s.view("coder", "s1", &view);
         World { s, view, work, host_bin }
     }
 
