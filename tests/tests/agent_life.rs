@@ -34,7 +34,7 @@ fn agents_create_narrower_children_update_themselves_and_own_their_children() {
     for perm in ["create", "start", "stop"] {
         p.push_str(&format!("allow boss_t agent:worker {perm}\n"));
     }
-    p.push_str("allow boss_t agent:wide create\n");
+    p.push_str("allow boss_t agent:wide create\nallow boss_t agent:twin create\n");
     fs::write(&policy, p).unwrap();
     for t in tools {
         fs::write(s.storage.join(format!("tool/{t}.d/policy")), format!("allow boss_t tool:{t} execute\n"))
@@ -52,6 +52,7 @@ t() {{ /ctx/bin/tsh "$@"; echo "$?" >> /workspace/codes; }}
 t agent.create '{{"name":"worker","tools":["fs.stat"]}}' > narrow.out 2>&1
 t agent.create '{{"name":"wide","tools":["shell.exec"],"mounts":[["/etc","/x","rw"]]}}' > wide.out 2>&1
 t agent.create other > other.out 2>&1
+t agent.create '{{"name":"twin","label":"boss_t"}}' > label.out 2>&1
 echo "I am the boss now" | t agent.update system.md > upd.out 2>&1
 t agent.update '{{"control":"policy","content":"allow boss_t agent:x create"}}' > upd-policy.out 2>&1
 head -c 8193 /dev/zero | tr '\0' a | t agent.update prompt.template.md > upd-big.out 2>&1
@@ -85,7 +86,7 @@ t agent.start '{{"name":"worker","session":"long","handoff":"count sheep","cmd":
     let codes: Vec<String> = read("codes").lines().map(str::to_owned).collect();
     assert_eq!(
         codes,
-        ["0", "13", "13", "0", "2", "2", "2", "0", "0", "0", "13"],
+        ["0", "13", "13", "13", "0", "2", "2", "2", "0", "0", "0", "13"],
         "{codes:?}\n{}",
         read("wide.out")
     );
@@ -98,6 +99,7 @@ t agent.start '{{"name":"worker","session":"long","handoff":"count sheep","cmd":
     assert!(wide.contains("not inside any parent mount"), "{wide}");
     assert!(!s.storage.join("agent/wide").exists());
     assert!(read("other.out").contains("does not hold agent:<child> create"), "{}", read("other.out"));
+    assert!(read("label.out").contains("a child's label must be its own"), "{}", read("label.out"));
 
     // agent.update: its own system.md only, at most 8 KiB, never as another agent.
     assert_eq!(fs::read_to_string(s.storage.join("agent/boss.d/system.md")).unwrap(), "I am the boss now\n");

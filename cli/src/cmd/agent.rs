@@ -623,6 +623,15 @@ fn new(mut a: NewArgs) -> anyhow::Result<()> {
             .map_err(|e| invalid(format!("agent/{name}: control {control}: {e}")))?;
     }
     for other in installed(storage)? {
+        if other.label.as_deref() == Some(label.as_str()) && parent.is_some() {
+            // Tools' own policies name labels: a child wearing another agent's label could run
+            // what that agent's tools allow and its parent's do not.
+            return Err(Exit::new(
+                exit::DENIED,
+                format!("label {label} is agent/{}'s: a child's label must be its own", other.name),
+            )
+            .into());
+        }
         if other.label.as_deref() == Some(label.as_str()) {
             eprintln!(
                 "ctx: note: agent/{} also has label {label}; grants to {label} apply to both",
