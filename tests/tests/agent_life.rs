@@ -60,6 +60,10 @@ python3 -c 'import socket,json
 s=socket.socket(socket.AF_UNIX); s.connect("/run/cortexfs/receipt/main.sock")
 s.sendall(json.dumps({{"op":"agent.update","input":{{"control":"system.md","content":"x","agent":"worker"}}}}).encode()+b"\n")
 print(s.recv(4096).decode())' > raw.out 2>&1
+python3 -c 'import socket,json
+s=socket.socket(socket.AF_UNIX); s.connect("/run/cortexfs/receipt/main.sock")
+s.sendall(json.dumps({{"op":"agent.start","input":{{"name":"worker","session":"../../../../tool"}}}}).encode()+b"\n")
+print(s.recv(4096).decode())' > raw-session.out 2>&1
 sh -c 'echo x > /ctx/agent/boss.d/system.md' 2> direct.out; echo "$?" >> /workspace/codes
 t agent.start '{{"name":"worker","session":"ok","cmd":["/bin/sleep","0.5"]}}' > s1.out 2>&1
 t agent.start '{{"name":"worker","session":"bad","cmd":["/bin/sh","-c","sleep 0.5; exit 3"]}}' > s2.out 2>&1
@@ -104,6 +108,7 @@ t agent.start '{{"name":"worker","session":"long","handoff":"count sheep","cmd":
     // agent.update: its own system.md only, at most 8 KiB, never as another agent.
     assert_eq!(fs::read_to_string(s.storage.join("agent/boss.d/system.md")).unwrap(), "I am the boss now\n");
     assert!(read("raw.out").contains("EINVAL"), "{}", read("raw.out"));
+    assert!(read("raw-session.out").contains("EINVAL: session"), "{}", read("raw-session.out"));
     assert!(read("direct.out").contains("Permission denied"), "{}", read("direct.out"));
     assert_ne!(fs::read_to_string(s.storage.join("agent/worker.d/system.md")).unwrap(), "x");
     let events =

@@ -211,6 +211,11 @@ impl Run {
         let session = input["session"]
             .as_str()
             .map_or_else(|| format!("{}.{}", self.agent, self.session), str::to_owned);
+        for (what, v) in [("name", child), ("session", session.as_str())] {
+            if let Err(e) = policy::name::validate(v) {
+                return refuse(2, format!("EINVAL: {what} {v:?}: {e}"));
+            }
+        }
         let dir = self.child_dir(child, &session);
         let record = || -> std::io::Result<()> {
             std::fs::create_dir_all(dir.join("artifact"))?;
