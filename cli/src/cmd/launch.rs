@@ -279,6 +279,13 @@ fn contract(s: &Start) -> anyhow::Result<Contract> {
             .map_err(|_| invalid(format!("agent/{}.d/{name}: {:?} is not a number", s.agent, t.trim())))
     };
     let (uid, gid) = (num("uid")?, num("gid")?);
+    if uid == 0 {
+        eprintln!(
+            "ctx: warning: agent {} runs as uid 0: in its sandbox it is root over everything bound there \
+             (give it its own uid: agent/{}.d/uid)",
+            s.agent, s.agent
+        );
+    }
     let groups = read_control(&s.ctx, &s.agent, "groups")
         .unwrap_or_default()
         .split_ascii_whitespace()
