@@ -3,11 +3,11 @@
 //! - [`fs`]: `CtxFs`, the fuse-backend-rs `FileSystem` that projects storage as `/ctx`.
 //! - [`area`]: what each storage path is in the ABI (objects, controls, session logs, data).
 //! - [`storage`]: the backing storage, reached only beneath its root and never through symlinks.
-//! - [`transport`]: the transports behind one seam; today `/dev/fuse` (`transport::fusedev`).
+//! - [`transport`]: the transports behind one seam: `/dev/fuse` (`transport::pool`) and
+//!   vhost-user virtio-fs for virtual machines (`transport::virtiofs`).
 //!
 //! Depends on `policy` and `ringfs`; never on launch, terminal or tool execution. Only the `ctx`
-//! binary depends on it. Still to come: per-agent views, the control socket, FUSE-over-io_uring
-//! and vhost-user virtio-fs transports.
+//! binary depends on it. Still to come: the FUSE-over-io_uring transport.
 
 pub mod area;
 pub mod control;

@@ -6,7 +6,8 @@
 //! - [`object`]: writing object packages and judging what an install left in storage;
 //! - [`powerloss`]: mounting the `powerloss-fs` helper, simulating power loss and injecting
 //!   faults;
-//! - [`served`]: a real `ctx mount` on temporary storage.
+//! - [`served`]: a real `ctx mount` on temporary storage;
+//! - [`vm`]: a QEMU guest with a busybox initramfs, for the virtio-fs tests.
 //!
 //! Only the test targets of this crate depend on it.
 
@@ -14,6 +15,7 @@ pub mod appender;
 pub mod object;
 pub mod powerloss;
 pub mod served;
+pub mod vm;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

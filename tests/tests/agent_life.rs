@@ -59,11 +59,11 @@ head -c 8193 /dev/zero | tr '\0' a | t agent.update prompt.template.md > upd-big
 python3 -c 'import socket,json
 s=socket.socket(socket.AF_UNIX); s.connect("/run/cortexfs/receipt/main.sock")
 s.sendall(json.dumps({{"op":"agent.update","input":{{"control":"system.md","content":"x","agent":"worker"}}}}).encode()+b"\n")
-print(s.recv(4096).decode())' > raw.out 2>&1
+print(s.makefile().readline())' > raw.out 2>&1
 python3 -c 'import socket,json
 s=socket.socket(socket.AF_UNIX); s.connect("/run/cortexfs/receipt/main.sock")
 s.sendall(json.dumps({{"op":"agent.start","input":{{"name":"worker","session":"../../../../tool"}}}}).encode()+b"\n")
-print(s.recv(4096).decode())' > raw-session.out 2>&1
+print(s.makefile().readline())' > raw-session.out 2>&1
 sh -c 'echo x > /ctx/agent/boss.d/system.md' 2> direct.out; echo "$?" >> /workspace/codes
 t agent.start '{{"name":"worker","session":"ok","cmd":["/bin/sleep","0.5"]}}' > s1.out 2>&1
 t agent.start '{{"name":"worker","session":"bad","cmd":["/bin/sh","-c","sleep 0.5; exit 3"]}}' > s2.out 2>&1
@@ -159,7 +159,7 @@ t agent.start '{{"name":"worker","session":"long","handoff":"count sheep","cmd":
             "/ctx/bin/ctx agent new x 2> /workspace/plain.err; echo $? > /workspace/plain; python3 -c 'import socket,json
 s=socket.socket(socket.AF_UNIX); s.connect(\"/run/cortexfs/receipt/main.sock\")
 s.sendall(json.dumps({\"op\":\"agent.update\",\"input\":{\"control\":\"system.md\",\"content\":\"x\"}}).encode()+b\"\\n\")
-print(s.recv(4096).decode())' > /workspace/plain.raw",
+print(s.makefile().readline())' > /workspace/plain.raw",
         ])
         .output()
         .unwrap();

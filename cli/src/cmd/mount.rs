@@ -1,4 +1,5 @@
-//! `ctx mount`: serve `/ctx` in the foreground.
+//! `ctx mount`: serve `/ctx` in the foreground, as a FUSE mount or (`--virtiofs`) to a virtual
+//! machine.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,12 +22,24 @@ pub struct Args {
     /// Mount even when the mount point is not empty.
     #[arg(long)]
     nonempty: bool,
-    /// Threads serving requests (default: one per core).
+    /// Threads serving requests (default: one per core); with --virtiofs, the most request
+    /// queues a VM may use, one thread each.
     #[arg(long)]
     threads: Option<usize>,
     /// The root-only control socket through which `ctx view` manages agent views.
     #[arg(long, default_value = server::control::DEFAULT_SOCKET)]
     control: PathBuf,
+    /// Serve one view to one virtual machine over vhost-user virtio-fs on this socket (mode
+    /// 0600) instead of mounting: the VMM connects to it (QEMU `vhost-user-fs-pci`); the next VM
+    /// may connect once the last one is gone.
+    #[arg(long, value_name = "SOCKET", conflicts_with_all = ["mountpoint", "nonempty", "control"])]
+    virtiofs: Option<PathBuf>,
+    /// With --virtiofs: serve this agent's view instead of the host view.
+    #[arg(long, value_name = "NAME", requires_all = ["virtiofs", "session"])]
+    agent: Option<String>,
+    /// With --agent: the session of the agent's view.
+    #[arg(long, value_name = "S", requires = "agent")]
+    session: Option<String>,
 }
 
 /// True when `path` is the mount point of a mount whose server is gone. (`statfs` always
@@ -56,8 +69,74 @@ fn bins() -> Vec<(String, PathBuf)> {
     out
 }
 
+/// Serves one view over vhost-user virtio-fs on `socket` until SIGINT or SIGTERM.
+fn run_virtiofs(a: &Args, socket: &Path) -> anyhow::Result<()> {
+    let view = match (&a.agent, &a.session) {
+        (Some(agent), Some(session)) => {
+            policy::name::validate(agent)
+                .map_err(|e| Exit::new(exit::INVALID, format!("invalid agent name {agent:?}: {e}")))?;
+            policy::name::validate(session)
+                .map_err(|e| Exit::new(exit::INVALID, format!("invalid session name {session:?}: {e}")))?;
+            let object = a.source.join("agent").join(agent);
+            if !object.is_file() {
+                return Err(Exit::new(
+                    exit::INVALID,
+                    format!("no agent {agent}: {} is not an installed agent object", object.display()),
+                )
+                .into());
+            }
+            Some(server::ViewSpec { agent: agent.clone(), session: session.clone() })
+        }
+        _ => None,
+    };
+    let queues = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
+        .clamp(1, server::transport::virtiofs::MAX_REQUEST_QUEUES);
+    let config = server::Config {
+        storage: a.source.clone(),
+        bins: bins(),
+        view,
+        view_count: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+        logs: server::SharedLogs::default(),
+    };
+    let mut signals = Signals::new([SIGINT, SIGTERM])?;
+    let daemon = server::transport::virtiofs::Daemon::bind(socket, config, queues).map_err(|e| {
+        let code = match e.kind() {
+            std::io::ErrorKind::AddrInUse => exit::UNAVAILABLE,
+            std::io::ErrorKind::AlreadyExists | std::io::ErrorKind::NotFound => exit::INVALID,
+            std::io::ErrorKind::PermissionDenied => exit::DENIED,
+            _ => exit::FAILURE,
+        };
+        Exit::new(code, format!("cannot serve virtio-fs on {}: {e}", socket.display()))
+    })?;
+    let stopper = daemon.stopper();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                tracing::info!(signal = sig, "stopping");
+            }
+            stopper.stop();
+        })
+        .map_err(|e| Exit::new(exit::INTERNAL, format!("cannot start the signal thread: {e}")))?;
+    let who = match (&a.agent, &a.session) {
+        (Some(agent), Some(session)) => format!("agent {agent} session {session}"),
+        _ => "the host view".to_owned(),
+    };
+    tracing::info!(storage = %a.source.display(), socket = %socket.display(), queues, "serving virtio-fs");
+    eprintln!("ctx: serving {} ({who}) over virtio-fs at {}", a.source.display(), socket.display());
+    daemon
+        .serve()
+        .map_err(|e| Exit::new(exit::FAILURE, format!("serving virtio-fs on {}: {e}", socket.display())))?;
+    Ok(())
+}
+
 /// Runs the command: mounts, serves until SIGINT or SIGTERM, unmounts.
 pub fn run(a: Args) -> anyhow::Result<()> {
+    if let Some(socket) = a.virtiofs.clone() {
+        return run_virtiofs(&a, &socket);
+    }
     let mp = &a.mountpoint;
     if dead_mount(mp) {
         tracing::warn!(mountpoint = %mp.display(), "recovering a dead mount left by a crashed server");

@@ -361,7 +361,9 @@ fn serve_one(run: &Run, stream: UnixStream, children: &Children) {
         Ok(req) => run.handle(&req, children),
         Err(e) => refuse(2, format!("not a JSON request: {e}")),
     };
-    let _ = writeln!(w, "{reply}");
+    let mut line = reply.to_string();
+    line.push('\n');
+    let _ = w.write_all(line.as_bytes());
 }
 
 /// Serves the receipt socket at `path` on a thread of its own, for the life of the process.

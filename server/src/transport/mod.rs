@@ -1,5 +1,8 @@
 //! Transports: how FUSE requests reach [`crate::CtxFs`]. Each one takes the same filesystem.
-//! Today there is `/dev/fuse`, served by one thread pool for every connection ([`pool`]);
-//! FUSE-over-io_uring and vhost-user virtio-fs go beside it.
+//! - [`pool`]: `/dev/fuse`, served by one thread pool for every connection;
+//! - [`virtiofs`]: vhost-user virtio-fs, one socket per virtual machine.
+//!
+//! FUSE-over-io_uring goes beside them.
 
 pub mod pool;
+pub mod virtiofs;
