@@ -138,6 +138,8 @@ fn stop_leaves_nothing_behind_and_two_clients_share_the_terminal() {
     let out = w.start(&s, &[], &["/bin/sh"]);
     assert!(out.status.success(), "{}", text(&out));
     let sock = format!("/run/cortexfs/agent/coder/{s}/term/main.sock");
+    let abi = w.s.p(&format!("home/1000/agent/coder/session/{s}/terminal/main.sock"));
+    assert_eq!(fs::read_link(&abi).unwrap(), Path::new(&sock), "the session's terminal/main.sock");
     let ps = Command::new(tests::bin("ctx")).args(["agent", "ps"]).output().unwrap();
     assert!(
         String::from_utf8_lossy(&ps.stdout).lines().any(|l| l.starts_with(&format!("coder\t{s}\t"))),

@@ -1,5 +1,6 @@
 //! Sessions (spec §6): `home/<uid>/agent/<agent>/session/<s>/` with `state`, `created_at`,
-//! `updated_at`, `cwd`, `latest.md`, `messages.jsonl`, `events.jsonl` and `context/`; and the
+//! `updated_at`, `cwd`, `latest.md`, `messages.jsonl`, `events.jsonl`, `context/` and
+//! `terminal/main.sock` (a symlink to the run's socket, spec §7); and the
 //! commands that read them: `ctx agent history|output|children|wait`.
 
 use std::path::{Path, PathBuf};
@@ -52,6 +53,14 @@ pub fn prepare(ctx: &Path, uid: u32, gid: u32, agent: &str, session: &str, cwd: 
     put("state", "active\n", false)?;
     put("cwd", &format!("{cwd}\n"), false)?;
     put("latest.md", "", true)?;
+    // The terminal's ABI path (spec §7): a symlink to the socket in the run's runtime directory.
+    let term = d.join("terminal");
+    std::fs::create_dir_all(&term).map_err(|e| Exit::io(term.display(), &e))?;
+    own(&term);
+    let link = term.join("main.sock");
+    let _ = std::fs::remove_file(&link);
+    let target = Path::new(crate::cmd::launch::RUNTIME).join(agent).join(session).join("term/main.sock");
+    std::os::unix::fs::symlink(&target, &link).map_err(|e| Exit::io(link.display(), &e))?;
     for log in ["messages.jsonl", "events.jsonl"] {
         let p = d.join(log);
         if !p.exists() {
