@@ -22,6 +22,16 @@ pub const RECEIPT: &str = "/run/cortexfs/receipt/main.sock";
 /// Most bytes `agent.update` accepts.
 pub const UPDATE_MAX: usize = 8 * 1024;
 
+/// A draft 2020-12 object schema with the given members (from `"properties"` on).
+macro_rules! object_schema {
+    ($members:literal) => {
+        concat!(
+            "{\n  \"$schema\": \"https://json-schema.org/draft/2020-12/schema\",\n  \"type\": \"object\",",
+            $members
+        )
+    };
+}
+
 pub(crate) const CREATE: Tool = Tool {
     info: ToolInfo {
         name: "agent.create",
@@ -29,11 +39,8 @@ pub(crate) const CREATE: Tool = Tool {
                       mount and group must be the caller's own (mounts rw->ro and visible->hidden \
                       only), and the caller must hold agent:<child> create. Every widening is \
                       refused with its reason.\n",
-        schema: concat!(
-            "{\n  ",
-            r#""$schema": "https://json-schema.org/draft/2020-12/schema""#,
-            r#",
-  "type": "object",
+        schema: object_schema!(
+            r#"
   "properties": {
     "name": {"type": "string"},
     "label": {"type": "string"},
@@ -59,11 +66,8 @@ pub(crate) const START: Tool = Tool {
         description: "Starts an owned child agent in a sandbox of its own (the caller must hold \
                       agent:<child> start); the child is recorded under the caller's session \
                       (context/child/<id>/) and cancelled when the caller stops.\n",
-        schema: concat!(
-            "{\n  ",
-            r#""$schema": "https://json-schema.org/draft/2020-12/schema""#,
-            r#",
-  "type": "object",
+        schema: object_schema!(
+            r#"
   "properties": {
     "name": {"type": "string"},
     "session": {"type": "string"},
@@ -85,11 +89,8 @@ pub(crate) const STOP: Tool = Tool {
         name: "agent.stop",
         description: "Stops a child agent the caller started (the caller must hold agent:<child> \
                       stop): SIGTERM, a grace period, SIGKILL. Its history stays readable.\n",
-        schema: concat!(
-            "{\n  ",
-            r#""$schema": "https://json-schema.org/draft/2020-12/schema""#,
-            r#",
-  "type": "object",
+        schema: object_schema!(
+            r#"
   "properties": {
     "name": {"type": "string"},
     "session": {"type": "string"}
@@ -110,11 +111,8 @@ pub(crate) const UPDATE: Tool = Tool {
         description: "Replaces the caller's own system.md or prompt.template.md (at most 8 KiB), \
                       atomically; any other control, or another agent, is refused. It takes \
                       effect at the next run's prompt.\n",
-        schema: concat!(
-            "{\n  ",
-            r#""$schema": "https://json-schema.org/draft/2020-12/schema""#,
-            r#",
-  "type": "object",
+        schema: object_schema!(
+            r#"
   "properties": {
     "control": {"type": "string", "enum": ["system.md", "prompt.template.md"]},
     "content": {"type": "string", "maxLength": 8192}
