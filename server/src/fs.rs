@@ -496,7 +496,13 @@ impl CtxFs {
     fn log(&self, rel: &Path) -> io::Result<Arc<AppendLog>> {
         let mut logs = lock(&self.logs);
         if let Some(l) = logs.get(rel) {
-            return Ok(Arc::clone(l));
+            // The path may name another file since (an object replaced or reinstalled): then
+            // the log is opened anew; handles on the old file keep their own.
+            let now = self.storage.stat(rel).ok().map(|st| (st.st_dev, st.st_ino));
+            if now.is_some() && l.identity().ok() == now {
+                return Ok(Arc::clone(l));
+            }
+            logs.remove(rel);
         }
         let path = self.storage.path().join(rel);
         let (log, rec) =

@@ -258,6 +258,17 @@ fn tsh_runs_tools_only_as_an_agent_and_records_every_call() {
     let mut c = Command::new(tests::bin("tsh"));
     let out = c.args(["tools"]).env("CTX_ROOT", &w.view).env("CTX_AGENT", "root").output().unwrap();
     assert_eq!(out.status.code(), Some(69), "{}", text(&out));
+
+    // Replacing the tool (a new version through the object store) keeps its log: the history
+    // stays and the next call's record lands in the same file.
+    let before = lines(&log).len();
+    fs::write(st.join("tool/fs.stat.d/description"), "changed\n").unwrap();
+    let out = ctx(&["bootstrap", st.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("replace tool/fs.stat"), "{}", text(&out));
+    let out = w.agent(&["fs.stat", "f.txt"], None);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(lines(&log).len(), before + 1, "history kept, the new call recorded");
+    committed(&log);
 }
 
 #[test]

@@ -213,6 +213,13 @@ impl AppendLog {
         &self.path
     }
 
+    /// The device and inode of the open file, to tell whether its path still names it.
+    pub fn identity(&self) -> std::io::Result<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        let m = self.file.metadata()?;
+        Ok((m.dev(), m.ino()))
+    }
+
     /// The commit path in use.
     pub fn engine(&self) -> EngineKind {
         self.engine

@@ -443,11 +443,18 @@ pub fn replace(storage: &Path, checked: &Checked, tier: Tier, dry_run: bool) -> 
         clean_stages(&dir, name);
     })?;
     let sfd = open_dir_at(&dfd, &stage_name, &dir.join(&stage_name))?;
-    exchange(&sfd, &dfd, &ctl, &dir)?;
-    sync(&dfd, &dir)?;
+    // The object's log is its history, not part of a version: it moves to the new controls
+    // (the same file, so appends in flight land in it) and back if the swap fails.
+    carry_log(&dfd, &sfd, &ctl, &dir)?;
+    if let Err(e) = exchange(&sfd, &dfd, &ctl, &dir).and_then(|()| sync(&dfd, &dir)) {
+        let _ = carry_log(&sfd, &dfd, &ctl, &dir);
+        clean_stages(&dir, name);
+        return Err(e);
+    }
     if let Err(e) = exchange(&sfd, &dfd, name, &dir).and_then(|()| sync(&dfd, &dir)) {
         // Put the old controls back.
         let _ = exchange(&sfd, &dfd, &ctl, &dir);
+        let _ = carry_log(&sfd, &dfd, &ctl, &dir);
         let _ = sync(&dfd, &dir);
         clean_stages(&dir, name);
         return Err(e);
@@ -455,6 +462,20 @@ pub fn replace(storage: &Path, checked: &Checked, tier: Tier, dry_run: bool) -> 
     rename_noreplace(&dfd, &stage_name, &dfd, &prev, &dir)?;
     sync(&dfd, &dir)?;
     Ok(steps)
+}
+
+/// Moves the runtime `log` of `<from>/<ctl>/` over the one in `<to>/<ctl>/` (a missing log is
+/// left alone) and syncs both directories.
+fn carry_log(from: &OwnedFd, to: &OwnedFd, ctl: &str, shown: &Path) -> Result<()> {
+    let src = open_dir_at(from, ctl, &shown.join(ctl))?;
+    let dst = open_dir_at(to, ctl, &shown.join(ctl))?;
+    match rustix::fs::renameat(&src, "log", &dst, "log") {
+        Ok(()) => {}
+        Err(Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(io("move the log of", &shown.join(ctl))(e)),
+    }
+    sync(&dst, &shown.join(ctl))?;
+    sync(&src, &shown.join(ctl))
 }
 
 fn exchange(a_dir: &OwnedFd, b_dir: &OwnedFd, name: &str, shown: &Path) -> Result<()> {
@@ -487,6 +508,7 @@ pub fn rollback(
         return Ok(steps);
     }
     let pfd = open_dir_at(&dfd, &prev, &dir.join(&prev))?;
+    carry_log(&dfd, &pfd, &ctl, &dir)?;
     exchange(&pfd, &dfd, &ctl, &dir)?;
     sync(&dfd, &dir)?;
     exchange(&pfd, &dfd, name, &dir)?;
@@ -631,12 +653,19 @@ mod tests {
         install(&storage, &v1, Tier::System).unwrap();
         replace(&storage, &v2, Tier::System, true).unwrap();
         assert_eq!(fs::read_to_string(storage.join("tool/hello.d/description")).unwrap(), "one\n");
+        // The log is the object's history: the same file stays in place across versions.
+        fs::write(storage.join("tool/hello.d/log"), "{\"n\":1}\n").unwrap();
+        let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&fs::metadata(p).unwrap());
+        let log_ino = ino(&storage.join("tool/hello.d/log"));
         replace(&storage, &v2, Tier::System, false).unwrap();
         assert_eq!(fs::read_to_string(storage.join("tool/hello.d/description")).unwrap(), "two\n");
         assert!(fs::read_to_string(storage.join("tool/hello")).unwrap().contains("two"));
+        assert_eq!(fs::read_to_string(storage.join("tool/hello.d/log")).unwrap(), "{\"n\":1}\n");
+        assert_eq!(ino(&storage.join("tool/hello.d/log")), log_ino);
         rollback(&storage, ObjectClass::Tool, "hello", Tier::System, false).unwrap();
         assert_eq!(fs::read_to_string(storage.join("tool/hello.d/description")).unwrap(), "one\n");
         assert!(fs::read_to_string(storage.join("tool/hello")).unwrap().contains("one"));
+        assert_eq!(ino(&storage.join("tool/hello.d/log")), log_ino);
     }
 
     #[test]
