@@ -12,18 +12,7 @@
 use std::fmt;
 use std::io;
 
-/// Success.
-pub const OK: u8 = 0;
-/// A failure that is not one of the others.
-pub const FAILURE: u8 = 1;
-/// Usage error or invalid input.
-pub const INVALID: u8 = 2;
-/// Permission denied.
-pub const DENIED: u8 = 13;
-/// Service unavailable.
-pub const UNAVAILABLE: u8 = 69;
-/// Internal error.
-pub const INTERNAL: u8 = 70;
+pub use policy::exit::{DENIED, FAILURE, INTERNAL, INVALID, OK, UNAVAILABLE};
 
 /// An error that ends the program with a chosen exit code. A `Quiet` error has already said all
 /// it has to say (diagnostics on stdout) and prints nothing more.

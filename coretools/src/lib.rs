@@ -133,16 +133,18 @@ fn join(errors: &[ConfError]) -> String {
 impl Error {
     /// The exit status this error stands for.
     pub fn exit_code(&self) -> i32 {
+        use policy::exit::{DENIED, FAILURE, INTERNAL, INVALID, OK};
         match self {
-            Error::Invalid(_) => 2,
-            Error::Escape(_) => 13,
-            Error::Io { source, .. } if source.kind() == io::ErrorKind::PermissionDenied => 13,
-            Error::Stdout(e) if e.kind() == io::ErrorKind::BrokenPipe => 0,
-            Error::Io { .. } | Error::Stdout(_) | Error::Config { .. } => 1,
+            Error::Invalid(_) => INVALID.into(),
+            Error::Escape(_) => DENIED.into(),
+            Error::Io { source, .. } if source.kind() == io::ErrorKind::PermissionDenied => DENIED.into(),
+            Error::Stdout(e) if e.kind() == io::ErrorKind::BrokenPipe => OK.into(),
+            Error::Io { .. } | Error::Stdout(_) | Error::Config { .. } => FAILURE.into(),
+            // shell.exec follows timeout(1) and the shells here.
             Error::Spawn { source, .. } if source.kind() == io::ErrorKind::NotFound => 127,
             Error::Spawn { .. } => 126,
             Error::Timeout(_) => 124,
-            Error::Internal(_) => 70,
+            Error::Internal(_) => INTERNAL.into(),
         }
     }
 

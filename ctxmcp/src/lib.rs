@@ -95,22 +95,11 @@ pub enum Error {
     Internal(String),
 }
 
-/// Exit codes of the `ctxmcp` binary and of the tools it serves.
-pub mod exit {
-    /// Success.
-    pub const OK: u8 = 0;
-    /// The tool reported an error, or the server answered a request with one.
-    pub const FAILURE: u8 = 1;
-    /// Usage or invalid input: arguments, JSON input, config file, locator.
-    pub const INVALID: u8 = 2;
-    /// A file could not be read for lack of permission.
-    pub const DENIED: u8 = 13;
-    /// The server cannot be used: it would not start, died, timed out, printed garbage or
-    /// speaks a refused protocol version.
-    pub const UNAVAILABLE: u8 = 69;
-    /// Internal error.
-    pub const INTERNAL: u8 = 70;
-}
+/// Exit codes of the `ctxmcp` binary and of the tools it serves: the shared ones. 1: the tool
+/// reported an error or the server answered with one; 2: arguments, JSON input, config file or
+/// locator; 13: a file could not be read; 69: the server would not start, died, timed out,
+/// printed garbage or speaks a refused protocol version.
+pub use policy::exit;
 
 impl Error {
     /// The exit code this error ends `ctxmcp` with.

@@ -8,7 +8,8 @@
 //! - [`mount`], [`tshconf`], [`manifest`], [`package`], [`controls`]: strict parsers for the mount
 //!   table, tsh config and `.tshrc`, `cortexfs.object/v2` manifests, `cortexfs.toml` and control
 //!   file contents.
-//! - [`errno`], [`path`]: errno names and path checks they share.
+//! - [`errno`], [`path`], [`problem`]: errno names, path checks and located problems they share;
+//!   [`exit`]: the exit codes of every command.
 //!
 //! No I/O and no unsafe code; no parser panics on any input (each has a fuzz target in `fuzz/`).
 //! Any crate may depend on this one; it depends on no other CortexFS crate.
@@ -19,12 +20,14 @@ pub mod attenuate;
 pub mod authority;
 pub mod controls;
 pub mod errno;
+pub mod exit;
 pub mod manifest;
 pub mod mount;
 pub mod name;
 pub mod pack;
 pub mod package;
 pub mod path;
+pub mod problem;
 pub mod tshconf;
 pub mod v0;
 

@@ -22,7 +22,6 @@
 //! validated by whoever reads the files (see [`crate::controls::validate`]).
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 use serde_json::{Map, Value};
 
@@ -71,20 +70,7 @@ pub struct Manifest {
     pub controls: BTreeMap<String, ControlSource>,
 }
 
-/// One problem, located by a JSON path such as `controls.policy.text`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Problem {
-    /// Where.
-    pub field: String,
-    /// What.
-    pub message: String,
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.message)
-    }
-}
+pub use crate::problem::Problem;
 
 #[derive(Default)]
 struct Problems(Vec<Problem>);

@@ -19,8 +19,6 @@
 //! given), a child record of the session, a path under `/workspace` or `/ctx`, or the runtime
 //! itself for notes (which carry their text). Unknown fields are refused.
 
-use std::fmt;
-
 use serde::Deserialize;
 
 /// The `schema` value of a pack.
@@ -56,27 +54,10 @@ pub struct Item {
     pub text: Option<String>,
 }
 
-/// One problem with a pack.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Problem {
-    /// `items[3].source`, `schema`...
-    pub field: String,
-    /// What is wrong.
-    pub message: String,
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.field.is_empty() {
-            f.write_str(&self.message)
-        } else {
-            write!(f, "{}: {}", self.field, self.message)
-        }
-    }
-}
+pub use crate::problem::Problem;
 
 fn problem(field: impl Into<String>, message: impl Into<String>) -> Problem {
-    Problem { field: field.into(), message: message.into() }
+    Problem::new(field, message)
 }
 
 /// What a session holds, for [`validate_context_pack_source`].

@@ -32,12 +32,13 @@ pub enum Fail {
 impl Fail {
     /// The stable exit code.
     pub fn code(&self) -> i32 {
-        match self {
-            Fail::Failed(_) => 1,
-            Fail::Usage(_) => 2,
-            Fail::Denied(_) => 13,
-            Fail::Unavailable(_) => 69,
-        }
+        use policy::exit;
+        i32::from(match self {
+            Fail::Failed(_) => exit::FAILURE,
+            Fail::Usage(_) => exit::INVALID,
+            Fail::Denied(_) => exit::DENIED,
+            Fail::Unavailable(_) => exit::UNAVAILABLE,
+        })
     }
 
     /// The message.

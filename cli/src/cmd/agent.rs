@@ -24,7 +24,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use clap::Subcommand;
@@ -32,7 +32,6 @@ use policy::controls::{self, ObjectClass, Owner};
 use policy::mount::{Mount, MountMode, MountOptions};
 use policy::v0::Class;
 use ringfs::object::publish::{self, Tier};
-use sha2::{Digest, Sha256};
 
 use crate::cmd::object::DEFAULT_STORAGE;
 use crate::cmd::{launch, session};
@@ -473,49 +472,6 @@ fn controls_for(a: &NewArgs, label: &str, mounts: &[Mount]) -> BTreeMap<String, 
     c
 }
 
-/// Stages the object in `stage` with a generated manifest and checks it like any object.
-fn stage_and_check(
-    name: &str,
-    exe: &[u8],
-    controls: &BTreeMap<String, Vec<u8>>,
-    stage: &Path,
-) -> anyhow::Result<ringfs::object::Checked> {
-    std::fs::DirBuilder::new().mode(0o700).create(stage)?;
-    let write = |rel: &str, bytes: &[u8], mode: u32| -> anyhow::Result<()> {
-        let p = stage.join(rel);
-        std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&p).and_then(|mut f| {
-            std::io::Write::write_all(&mut f, bytes)?;
-            f.set_permissions(std::fs::Permissions::from_mode(mode))
-        })?;
-        Ok(())
-    };
-    write("exe", exe, 0o755)?;
-    std::fs::DirBuilder::new().mode(0o700).create(stage.join("d"))?;
-    let mut manifest_controls = serde_json::Map::new();
-    for (control, bytes) in controls {
-        write(&format!("d/{control}"), bytes, 0o644)?;
-        manifest_controls.insert(
-            control.clone(),
-            serde_json::json!({"path": format!("d/{control}"), "sha256": hex::encode(Sha256::digest(bytes))}),
-        );
-    }
-    let manifest = serde_json::json!({
-        "schema": policy::manifest::SCHEMA,
-        "version": env!("CARGO_PKG_VERSION"),
-        "compatibility": {"cortexfs": format!(">={}", env!("CARGO_PKG_VERSION"))},
-        "class": ObjectClass::Agent.as_str(),
-        "name": name,
-        "executable": {"path": "exe", "sha256": hex::encode(Sha256::digest(exe))},
-        "controls": manifest_controls,
-    });
-    let path = stage.join("manifest.json");
-    write("manifest.json", &serde_json::to_vec_pretty(&manifest)?, 0o644)?;
-    ringfs::object::check(&path).map_err(|problems| {
-        let why: Vec<String> = problems.iter().map(|p| format!("{}: {}", p.field, p.message)).collect();
-        Exit::new(exit::INTERNAL, format!("agent/{name}: generated manifest: {}", why.join("; "))).into()
-    })
-}
-
 /// The authority of an installed agent, as `agent.create` checks a child against it.
 struct Authority {
     label: String,
@@ -643,7 +599,8 @@ fn new(mut a: NewArgs) -> anyhow::Result<()> {
     let nanos =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     let stage = std::env::temp_dir().join(format!("cortexfs-agent.{name}.{}.{nanos}", std::process::id()));
-    let checked = stage_and_check(name, exe.as_bytes(), &controls, &stage);
+    let checked =
+        crate::cmd::object::stage_generated(ObjectClass::Agent, name, exe.as_bytes(), &controls, &stage);
     let done = checked.and_then(|c| {
         publish::install(storage, &c, Tier::System).map_err(|e| match e {
             ringfs::Error::Conflict(_) => {

@@ -15,6 +15,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use policy::controls::ObjectClass;
 use ringfs::object::publish::{self, Tier};
 use sha2::{Digest, Sha256};
 
@@ -103,45 +104,23 @@ fn plan(storage: &Path, w: &Want, exe: &[u8]) -> Action {
     if changed.is_empty() { Action::Same } else { Action::Replace(changed) }
 }
 
-/// Stages `w` with a generated manifest in `stage` and checks it like any object.
+/// Stages `w` in `stage` (under which it gets a directory of its own) and checks it.
 fn checked(storage: &Path, w: &Want, exe: &[u8], stage: &Path) -> anyhow::Result<ringfs::object::Checked> {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = stage.join(&w.name);
-    std::fs::create_dir_all(dir.join("d"))?;
-    std::fs::write(dir.join("exe"), exe)?;
-    std::fs::set_permissions(dir.join("exe"), std::fs::Permissions::from_mode(0o755))?;
-    let mut controls = serde_json::Map::new();
-    for (name, bytes) in &w.controls {
-        // An operator's policy and config survive: the installed copy replaces the default.
-        let ctl = storage.join("tool").join(format!("{}.d", w.name)).join(name);
-        let bytes = match std::fs::read(&ctl) {
-            Ok(kept) if KEPT.contains(&name.as_str()) => kept,
-            _ => bytes.clone(),
-        };
-        std::fs::write(dir.join("d").join(name), &bytes)?;
-        controls.insert(
-            name.clone(),
-            serde_json::json!({"path": format!("d/{name}"), "sha256": hex::encode(Sha256::digest(&bytes))}),
-        );
-    }
-    let manifest = serde_json::json!({
-        "schema": "cortexfs.object/v2",
-        "version": env!("CARGO_PKG_VERSION"),
-        "compatibility": {"cortexfs": format!(">={}", env!("CARGO_PKG_VERSION"))},
-        "class": "tool",
-        "name": w.name,
-        "executable": {"path": "exe", "sha256": hex::encode(Sha256::digest(exe))},
-        "controls": controls,
-    });
-    let path = dir.join("manifest.json");
-    std::fs::write(&path, serde_json::to_vec_pretty(&manifest)?)?;
-    ringfs::object::check(&path).map_err(|problems| {
-        let why: Vec<String> = problems.iter().map(|p| format!("{}: {}", p.field, p.message)).collect();
-        anyhow::anyhow!(Exit::new(
-            exit::INTERNAL,
-            format!("tool/{}: generated manifest: {}", w.name, why.join("; "))
-        ))
-    })
+    let controls: BTreeMap<String, Vec<u8>> = w
+        .controls
+        .iter()
+        .map(|(name, bytes)| {
+            // An operator's policy and config survive: the installed copy replaces the default.
+            let ctl = storage.join("tool").join(format!("{}.d", w.name)).join(name);
+            let bytes = match std::fs::read(&ctl) {
+                Ok(kept) if KEPT.contains(&name.as_str()) => kept,
+                _ => bytes.clone(),
+            };
+            (name.clone(), bytes)
+        })
+        .collect();
+    std::fs::create_dir_all(stage)?;
+    crate::cmd::object::stage_generated(ObjectClass::Tool, &w.name, exe, &controls, &stage.join(&w.name))
 }
 
 /// Runs `ctx bootstrap`.

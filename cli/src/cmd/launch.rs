@@ -108,7 +108,8 @@ fn invalid(msg: impl Into<String>) -> anyhow::Error {
     Exit::new(exit::INVALID, msg).into()
 }
 
-fn read_control(ctx: &Path, agent: &str, name: &str) -> anyhow::Result<String> {
+/// An agent's control `name`, read through the host mount `ctx`.
+pub fn read_control(ctx: &Path, agent: &str, name: &str) -> anyhow::Result<String> {
     let p = ctx.join("agent").join(format!("{agent}.d")).join(name);
     std::fs::read_to_string(&p).map_err(|e| Exit::io(p.display(), &e).into())
 }

@@ -13,9 +13,10 @@ fn now() -> String {
 }
 
 fn uid_of(ctx: &Path, agent: &str) -> anyhow::Result<u32> {
-    let p = ctx.join("agent").join(format!("{agent}.d")).join("uid");
-    let t = std::fs::read_to_string(&p).map_err(|e| Exit::io(p.display(), &e))?;
-    t.trim().parse().map_err(|_| Exit::new(exit::INVALID, format!("{}: not a number", p.display())).into())
+    let t = crate::cmd::launch::read_control(ctx, agent, "uid")?;
+    t.trim().parse().map_err(|_| {
+        Exit::new(exit::INVALID, format!("agent/{agent}.d/uid: {:?} is not a number", t.trim())).into()
+    })
 }
 
 /// The session directory as seen through the host mount `ctx`.
