@@ -191,11 +191,14 @@ fn main() {
         view: None,
         view_count: Arc::new(AtomicU64::new(0)),
         logs: server::SharedLogs::default(),
+        changes: server::DataChanges::default(),
     };
     let pool = Pool::new(cores).expect("pool");
     let mnt = top.path().join("ctx");
     std::fs::create_dir(&mnt).expect("mnt");
-    let host = pool.mount(Arc::new(CtxFs::new(config).expect("fs")), &mnt).expect("mount");
+    let fs = CtxFs::new(config).expect("fs");
+    let data = fs.data().expect("data fs");
+    let host = pool.mount_host(Arc::new(fs), Arc::new(data), &mnt).expect("mount");
     let ctx: PathBuf = mnt.join("home/0/bench");
 
     type Case = (&'static str, fn(&Path) -> Duration);
@@ -240,7 +243,7 @@ fn main() {
         rate(ccalls, ct) / rate(ncalls, nt),
         served as f64 / ccalls as f64
     );
-    pool.unmount(host).expect("unmount");
+    pool.unmount_host(host).expect("unmount");
     pool.shutdown();
     let _ = rustix::mount::unmount(&tmpfs, rustix::mount::UnmountFlags::DETACH);
 }

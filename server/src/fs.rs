@@ -86,10 +86,43 @@ pub struct Config {
     /// The open append logs, shared by the host view and every agent view of a daemon: a log
     /// is opened (and locked) once, whichever view appends to it.
     pub logs: SharedLogs,
+    /// Where the connections of a daemon report data they changed, for the host's data
+    /// connection, whose kernel keeps pages across opens.
+    pub changes: DataChanges,
 }
 
 /// Append logs by storage path, shared between the views of one daemon.
 pub type SharedLogs = Arc<Mutex<HashMap<PathBuf, Arc<AppendLog>>>>;
+
+/// A hook called with the storage path of a data file whose contents changed.
+pub type OnChange = Arc<dyn Fn(&Path) + Send + Sync>;
+
+/// Data changes made through one connection of a daemon, reported to the connection that
+/// caches data across opens (the host's data connection, see [`CtxFs::data`]), which drops
+/// its kernel's pages of the file at once instead of at its next attribute refresh.
+#[derive(Clone, Default)]
+pub struct DataChanges(Arc<Mutex<Option<OnChange>>>);
+
+impl std::fmt::Debug for DataChanges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DataChanges")
+    }
+}
+
+impl DataChanges {
+    /// Sets the hook.
+    pub fn set(&self, hook: OnChange) {
+        *lock(&self.0) = Some(hook);
+    }
+
+    /// Reports that the data file `rel` changed.
+    pub fn changed(&self, rel: &Path) {
+        let hook = lock(&self.0).clone();
+        if let Some(hook) = hook {
+            hook(rel);
+        }
+    }
+}
 
 /// One inode the kernel knows.
 #[derive(Debug)]
@@ -104,7 +137,16 @@ struct Node {
     /// The backing file as it was when the kernel last had to drop its cached pages (data) or
     /// listing (directory); an open that finds it unchanged lets the kernel keep its cache.
     stamp: Option<Stamp>,
+    /// With zero-message open: the backing file, open for reads and writes that come without a
+    /// handle (writable or not), kept until the kernel forgets the inode. An unlinked file that
+    /// the kernel still knows is reached only this way.
+    fd: Option<(Arc<File>, bool)>,
 }
+
+/// With zero-message open, at most this many backing files are kept open for inodes still
+/// reached by a path (those of unlinked files do not count: they cannot be reopened); past it,
+/// a request opens its file for itself.
+const CACHED_FDS: usize = 1024;
 
 /// What changes when a file's contents or a directory's entries change behind the kernel's
 /// back: the backing inode, its size, and its modification and change times.
@@ -120,6 +162,8 @@ struct Inodes {
     by_path: HashMap<PathBuf, u64>,
     by_key: HashMap<(u64, u64), u64>,
     next: u64,
+    /// Backing files kept open in nodes (`Node::fd`) for inodes still reached by a path.
+    fds: usize,
 }
 
 impl Inodes {
@@ -160,8 +204,10 @@ impl Inodes {
         }
         let ino = self.next;
         self.next += 1;
-        self.nodes
-            .insert(ino, Node { paths: vec![rel.to_path_buf()], lookups: 1, key: Some(key), stamp: None });
+        self.nodes.insert(
+            ino,
+            Node { paths: vec![rel.to_path_buf()], lookups: 1, key: Some(key), stamp: None, fd: None },
+        );
         self.by_path.insert(rel.to_path_buf(), ino);
         self.by_key.insert(key, ino);
         ino
@@ -186,6 +232,9 @@ impl Inodes {
             return;
         }
         let node = self.nodes.remove(&ino).expect("present");
+        if node.fd.is_some() && !node.paths.is_empty() {
+            self.fds -= 1;
+        }
         for p in node.paths {
             if self.by_path.get(&p) == Some(&ino) {
                 self.by_path.remove(&p);
@@ -198,11 +247,37 @@ impl Inodes {
         }
     }
 
+    /// The backing file kept open for `ino`, and whether it is writable.
+    fn cached_fd(&self, ino: u64) -> Option<(Arc<File>, bool)> {
+        self.nodes.get(&ino)?.fd.clone()
+    }
+
+    /// Keeps `f` open for `ino` (replacing a read-only one), unless the bound is reached and
+    /// `pin` (the file is about to be unlinked) is not set.
+    fn keep_fd(&mut self, ino: u64, f: &Arc<File>, writable: bool, pin: bool) {
+        let full = self.fds >= CACHED_FDS;
+        let Some(node) = self.nodes.get_mut(&ino) else { return };
+        if node.paths.is_empty() || node.fd.as_ref().is_some_and(|(_, w)| *w || !writable) {
+            return;
+        }
+        if node.fd.is_none() {
+            if full && !pin {
+                return;
+            }
+            self.fds += 1;
+        }
+        node.fd = Some((Arc::clone(f), writable));
+    }
+
     /// `rel` no longer names its inode (unlinked, or replaced by a rename).
     fn detach(&mut self, rel: &Path) {
         let Some(ino) = self.by_path.remove(rel) else { return };
         let Some(node) = self.nodes.get_mut(&ino) else { return };
         node.paths.retain(|p| p != rel);
+        if node.paths.is_empty() && node.fd.is_some() {
+            // Kept for the unlinked file, outside the bound.
+            self.fds -= 1;
+        }
         if node.paths.is_empty()
             && let Some(k) = node.key
             && self.by_key.get(&k) == Some(&ino)
@@ -278,10 +353,14 @@ pub struct CtxFs {
     handles: Mutex<HashMap<u64, Opened>>,
     next_handle: AtomicU64,
     logs: SharedLogs,
-    stats: Stats,
+    /// Shared with the host's data connection, whose requests the host's `status` counts.
+    stats: Arc<Stats>,
     started: Instant,
     view: Option<Authority>,
     view_count: Arc<AtomicU64>,
+    changes: DataChanges,
+    /// Serves data without OPEN, FLUSH and RELEASE (see [`CtxFs::data`]).
+    zero_open: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -354,9 +433,10 @@ impl CtxFs {
             by_path: HashMap::new(),
             by_key: HashMap::new(),
             next: DYNAMIC_FIRST,
+            fds: 0,
         };
         for (i, d) in LAYOUT.iter().enumerate() {
-            let node = Node { paths: vec![PathBuf::from(d)], lookups: 1, key: None, stamp: None };
+            let node = Node { paths: vec![PathBuf::from(d)], lookups: 1, key: None, stamp: None, fd: None };
             inodes.nodes.insert(LAYOUT_FIRST + i as u64, node);
             inodes.by_path.insert(PathBuf::from(d), LAYOUT_FIRST + i as u64);
         }
@@ -367,11 +447,39 @@ impl CtxFs {
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             logs: config.logs,
-            stats: Stats::default(),
+            stats: Arc::default(),
             started: Instant::now(),
             view: config.view.map(Authority::new),
             view_count: config.view_count,
+            changes: config.changes,
+            zero_open: false,
         })
+    }
+
+    /// The host's data connection: the same projection, serving only what lies beneath `home/`
+    /// and `shared/` (bound there over the host view, see
+    /// [`Pool::mount_host`](crate::transport::pool::Pool::mount_host)), with zero-message open:
+    /// OPEN and FLUSH answer ENOSYS once, after which the kernel sends neither (nor RELEASE)
+    /// on this connection, so a cached open + read + close costs no request at all. Reads and
+    /// writes then come without a handle: data is reached through a backing file kept open per
+    /// inode (an unlinked file stays reachable while the kernel knows it), session logs through
+    /// their append log. Nothing here needs a handle: data has no close-time work, and session
+    /// logs take each write whole. The kernel keeps pages across opens and drops them when a
+    /// refreshed attribute shows a change (AUTO_INVAL_DATA).
+    ///
+    /// Called on the host view's filesystem; the two count their requests together.
+    pub fn data(&self) -> io::Result<CtxFs> {
+        let mut fs = CtxFs::new(Config {
+            storage: self.storage.path().to_path_buf(),
+            bins: self.bins.clone(),
+            view: None,
+            view_count: Arc::clone(&self.view_count),
+            logs: Arc::clone(&self.logs),
+            changes: self.changes.clone(),
+        })?;
+        fs.stats = Arc::clone(&self.stats);
+        fs.zero_open = true;
+        Ok(fs)
     }
 
     /// Whether the view may see the storage path `rel` (always, in the host view).
@@ -486,10 +594,77 @@ impl CtxFs {
                 .map(|(_, h)| Arc::clone(h))
                 .collect()
         };
-        candidates.iter().find_map(|h| match &*lock(h) {
-            Handle::File(f) => f.try_clone().ok(),
-            _ => None,
-        })
+        candidates
+            .iter()
+            .find_map(|h| match &*lock(h) {
+                Handle::File(f) => f.try_clone().ok(),
+                _ => None,
+            })
+            .or_else(|| lock(&self.inodes).cached_fd(ino).and_then(|(f, _)| f.try_clone().ok()))
+    }
+
+    /// With zero-message open: the backing file of data inode `ino` for a request without a
+    /// handle, writable when `write`; opened (and kept, within the bound) on first use.
+    fn inode_file(&self, ino: u64, write: bool) -> io::Result<Arc<File>> {
+        if let Some((f, w)) = lock(&self.inodes).cached_fd(ino)
+            && (w || !write)
+        {
+            return Ok(f);
+        }
+        let rel = self.rel(ino)?;
+        if classify(&rel) != Some(Area::Data) {
+            return Err(err(libc::EBADF));
+        }
+        let (fd, writable) = match self.storage.open_rel(&rel, OFlags::RDWR, 0) {
+            Ok(fd) => (fd, true),
+            Err(_) if !write => (self.storage.open_rel(&rel, OFlags::RDONLY, 0)?, false),
+            Err(e) => return Err(e),
+        };
+        let f = Arc::new(File::from(fd));
+        lock(&self.inodes).keep_fd(ino, &f, writable, false);
+        Ok(f)
+    }
+
+    /// Where this daemon's connections report data changes.
+    pub(crate) fn changes(&self) -> &DataChanges {
+        &self.changes
+    }
+
+    /// The kernel inode number this connection gave the storage path `rel`, if it knows it.
+    pub fn known_inode(&self, rel: &Path) -> Option<u64> {
+        lock(&self.inodes).by_path.get(rel).copied()
+    }
+
+    /// Reports a change to the data of inode `ino` made through this connection to the one
+    /// that keeps pages across opens (nothing to report when this is that one).
+    fn data_changed(&self, ino: u64) {
+        if !self.zero_open
+            && let Ok(rel) = self.rel(ino)
+            && classify(&rel) == Some(Area::Data)
+        {
+            self.changes.changed(&rel);
+        }
+    }
+
+    /// With zero-message open, before `rel` stops naming its file (unlink, rename over it):
+    /// keeps the file open for its inode if the kernel knows it, since an open descriptor may
+    /// still use it and no handle would otherwise reach it.
+    fn keep_reachable(&self, rel: &Path) {
+        if !self.zero_open {
+            return;
+        }
+        let Some(ino) = lock(&self.inodes).by_path.get(rel).copied() else { return };
+        if !self.storage.stat(rel).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG) {
+            return;
+        }
+        let opened = self
+            .storage
+            .open_rel(rel, OFlags::RDWR, 0)
+            .map(|fd| (fd, true))
+            .or_else(|_| self.storage.open_rel(rel, OFlags::RDONLY, 0).map(|fd| (fd, false)));
+        if let Ok((fd, writable)) = opened {
+            lock(&self.inodes).keep_fd(ino, &Arc::new(File::from(fd)), writable, true);
+        }
     }
 
     /// The open log of a session file, opening (and recovering) it on first use.
@@ -752,6 +927,9 @@ impl CtxFs {
             None => return Err(err(libc::ENOENT)),
         }
         let (dir, leaf) = self.storage.parent_of(&rel)?;
+        if flags.is_empty() {
+            self.keep_reachable(&rel);
+        }
         rustix::fs::unlinkat(&dir, leaf, flags).map_err(ioerr)?;
         lock(&self.inodes).detach(&rel);
         Ok(())
@@ -807,8 +985,12 @@ impl FileSystem for CtxFs {
         // executable) only after OPEN returns, so the truncation must come after it, as a
         // SETATTR; a control being rewritten takes that as a no-op (see `setattr`). No writeback
         // cache: session appends must reach the log one by one.
-        let want =
+        let mut want =
             FsOptions::ASYNC_READ | FsOptions::BIG_WRITES | FsOptions::MAX_PAGES | FsOptions::PARALLEL_DIROPS;
+        if self.zero_open {
+            // Pages outlive opens here: drop them when a refreshed mtime shows a change.
+            want |= FsOptions::AUTO_INVAL_DATA;
+        }
         Ok(capable & want)
     }
 
@@ -963,6 +1145,7 @@ impl FileSystem for CtxFs {
         if valid.contains(SetattrValid::SIZE) {
             let fd = self.storage.open_rel(&rel, OFlags::WRONLY, 0)?;
             rustix::fs::ftruncate(&fd, attr.st_size as u64).map_err(ioerr)?;
+            self.data_changed(ino);
         }
         if valid.intersects(SetattrValid::ATIME | SetattrValid::MTIME) {
             rustix::fs::utimensat(&dir, name, &times_of(&attr, valid), AtFlags::SYMLINK_NOFOLLOW)
@@ -1059,6 +1242,9 @@ impl FileSystem for CtxFs {
         let (fdir, fleaf) = self.storage.parent_of(&from)?;
         let (tdir, tleaf) = self.storage.parent_of(&to)?;
         let rflags = RenameFlags::from_bits(flags).ok_or_else(|| err(libc::EINVAL))?;
+        if !rflags.contains(RenameFlags::EXCHANGE) {
+            self.keep_reachable(&to);
+        }
         rustix::fs::renameat_with(&fdir, fleaf, &tdir, tleaf, rflags).map_err(ioerr)?;
         if rflags.contains(RenameFlags::EXCHANGE) {
             let tmp = PathBuf::from("\0exchange");
@@ -1093,6 +1279,9 @@ impl FileSystem for CtxFs {
         _fuse_flags: u32,
     ) -> io::Result<(Option<u64>, OpenOptions, Option<u32>)> {
         self.stats.count("open");
+        if self.zero_open {
+            return Err(err(libc::ENOSYS));
+        }
         let write = Self::is_write(flags);
         let (h, opts) = match ino {
             STATUS if write => return Err(err(libc::EACCES)),
@@ -1201,6 +1390,10 @@ impl FileSystem for CtxFs {
             _ => return Err(err(libc::EPERM)),
         };
         let entry = self.lookup_backed(rel)?;
+        if self.zero_open {
+            // Requests on this file come without a handle (see `data`).
+            return Ok((entry, None, opts, None));
+        }
         if matches!(h, Handle::File(_)) {
             lock(&self.inodes).restamp(entry.inode, None);
         }
@@ -1210,7 +1403,7 @@ impl FileSystem for CtxFs {
     fn read(
         &self,
         _ctx: &Context,
-        _ino: u64,
+        ino: u64,
         handle: u64,
         w: &mut dyn ZeroCopyWriter,
         size: u32,
@@ -1219,8 +1412,18 @@ impl FileSystem for CtxFs {
         _flags: u32,
     ) -> io::Result<usize> {
         self.stats.count("read");
-        let h = self.handle(handle)?;
         let mut buf = vec![0u8; size as usize];
+        if self.zero_open && handle == 0 {
+            let rel = self.rel(ino);
+            let n = if rel.as_deref().ok().and_then(classify) == Some(Area::SessionLog) {
+                self.log(&rel?)?.read_at(&mut buf, offset).map_err(|e| ringfs_errno(&e))?
+            } else {
+                self.inode_file(ino, false)?.read_at(&mut buf, offset)?
+            };
+            w.write_all(&buf[..n])?;
+            return Ok(n);
+        }
+        let h = self.handle(handle)?;
         let n = match &*lock(&h) {
             Handle::File(f) => f.read_at(&mut buf, offset)?,
             Handle::Control { file: Some(f), .. } => f.read_at(&mut buf, offset)?,
@@ -1241,7 +1444,7 @@ impl FileSystem for CtxFs {
     fn write(
         &self,
         _ctx: &Context,
-        _ino: u64,
+        ino: u64,
         handle: u64,
         r: &mut dyn ZeroCopyReader,
         size: u32,
@@ -1255,10 +1458,23 @@ impl FileSystem for CtxFs {
         // Finish reading the request before anything else: reader and writer share a buffer.
         let mut data = vec![0u8; size as usize];
         r.read_exact(&mut data)?;
+        if self.zero_open && handle == 0 {
+            let rel = self.rel(ino);
+            if rel.as_deref().ok().and_then(classify) == Some(Area::SessionLog) {
+                self.log(&rel?)?.append_at(offset, &data).map_err(|e| ringfs_errno(&e))?;
+                return Ok(data.len());
+            }
+            return self.inode_file(ino, true)?.write_at(&data, offset);
+        }
         let h = self.handle(handle)?;
         let mut h = lock(&h);
         match &mut *h {
-            Handle::File(f) => f.write_at(&data, offset),
+            Handle::File(f) => {
+                let n = f.write_at(&data, offset)?;
+                drop(h);
+                self.data_changed(ino);
+                Ok(n)
+            }
             Handle::Control { rel, buf, dirty, .. } => {
                 // A control is replaced whole: writes start at 0 and follow each other.
                 if offset != buf.len() as u64 {
@@ -1295,20 +1511,33 @@ impl FileSystem for CtxFs {
     fn fallocate(
         &self,
         _ctx: &Context,
-        _ino: u64,
+        ino: u64,
         handle: u64,
         mode: u32,
         offset: u64,
         length: u64,
     ) -> io::Result<()> {
         self.stats.count("write");
+        if self.zero_open && handle == 0 {
+            let f = self.inode_file(ino, true)?;
+            return rustix::fs::fallocate(
+                &*f,
+                rustix::fs::FallocateFlags::from_bits_retain(mode),
+                offset,
+                length,
+            )
+            .map_err(ioerr);
+        }
         let h = self.handle(handle)?;
         let h = lock(&h);
         match &*h {
             // Only data is open writable as a plain file; anything else fails on its read-only fd.
             Handle::File(f) => {
                 rustix::fs::fallocate(f, rustix::fs::FallocateFlags::from_bits_retain(mode), offset, length)
-                    .map_err(ioerr)
+                    .map_err(ioerr)?;
+                drop(h);
+                self.data_changed(ino);
+                Ok(())
             }
             _ => Err(err(libc::EOPNOTSUPP)),
         }
@@ -1316,6 +1545,9 @@ impl FileSystem for CtxFs {
 
     fn flush(&self, _ctx: &Context, _ino: u64, handle: u64, _lock_owner: u64) -> io::Result<()> {
         self.stats.count("flush");
+        if self.zero_open {
+            return Err(err(libc::ENOSYS));
+        }
         let h = self.handle(handle)?;
         let mut h = lock(&h);
         if let Handle::Control { rel, buf, dirty, .. } = &mut *h
@@ -1328,8 +1560,16 @@ impl FileSystem for CtxFs {
         Ok(())
     }
 
-    fn fsync(&self, _ctx: &Context, _ino: u64, datasync: bool, handle: u64) -> io::Result<()> {
+    fn fsync(&self, _ctx: &Context, ino: u64, datasync: bool, handle: u64) -> io::Result<()> {
         self.stats.count("fsync");
+        if self.zero_open && handle == 0 {
+            // Session appends are durable when their write returns.
+            if self.rel(ino).ok().as_deref().and_then(classify) == Some(Area::SessionLog) {
+                return Ok(());
+            }
+            let f = self.inode_file(ino, false)?;
+            return if datasync { f.sync_data() } else { f.sync_all() };
+        }
         let h = self.handle(handle)?;
         let h = lock(&h);
         match &*h {

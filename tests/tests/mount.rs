@@ -356,9 +356,11 @@ fn agent_views_show_only_what_the_agent_may_use() {
     assert_eq!(out.status.code(), Some(13), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// The host view lets the kernel keep a data file's pages and a directory's listing across opens
-/// (KEEP_CACHE, CACHE_DIR) only while the backing file is unchanged: a change made in storage
-/// directly (as `ctx object install` or another view makes them) shows at the next open.
+/// The host view's `home/` and `shared/` are served by a data connection with zero-message
+/// open: the kernel keeps a data file's pages across opens, and a directory's listing while
+/// unchanged (CACHE_DIR). A change made through another connection of the daemon (an agent
+/// view) drops the pages at once; a change made in storage directly shows when the
+/// attributes time out (1 s) and the changed modification time drops them.
 #[test]
 fn kept_caches_drop_when_storage_changes_behind_the_mount() {
     let s = Served::start();
@@ -368,11 +370,53 @@ fn kept_caches_drop_when_storage_changes_behind_the_mount() {
     for _ in 0..3 {
         assert_eq!(fs::read(&file).unwrap(), b"one", "cached and kept");
     }
+    // Three cached opens, reads and closes send nothing: between two reads of `status`, the
+    // counters move exactly as much as between two reads of `status` alone.
+    let status = || fs::read_to_string(s.p("status")).unwrap();
+    let count = |st: &str, op: &str| -> u64 {
+        st.lines().find_map(|l| l.strip_prefix(&format!("op.{op} "))?.parse().ok()).unwrap()
+    };
+    let (s0, s1) = (status(), status());
+    for _ in 0..3 {
+        assert_eq!(fs::read(&file).unwrap(), b"one");
+    }
+    let s2 = status();
+    for op in ["open", "read", "flush", "release"] {
+        assert_eq!(count(&s2, op) - count(&s1, op), count(&s1, op) - count(&s0, op), "{op}");
+    }
     // Same size, new contents, written behind the mount.
     fs::write(&backing, b"two").unwrap();
-    assert_eq!(fs::read(&file).unwrap(), b"two", "the next open drops the kept pages");
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(fs::read(&file).unwrap(), b"two", "the attribute timeout drops the kept pages");
     fs::write(&file, b"three").unwrap();
     assert_eq!(fs::read(&file).unwrap(), b"three", "writes through the mount are seen at once");
+
+    // Through an agent view: the host's pages are dropped when the view writes.
+    object(
+        &s.storage,
+        "agent",
+        "coder",
+        &[("label", "coder_t\n"), ("uid", "0\n"), ("policy", "allow coder_t shared:proj write\n")],
+    );
+    fs::create_dir_all(s.storage.join("shared/proj")).unwrap();
+    let shared = s.p("shared/proj/f");
+    fs::write(&shared, b"host").unwrap();
+    assert_eq!(fs::read(&shared).unwrap(), b"host");
+    let view = s.dir.path().join("v");
+    s.view("coder", "s1", &view);
+    // Past the timeout, the next read refreshes the attributes: from here on, 1 s of trust.
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(fs::read(&shared).unwrap(), b"host");
+    fs::write(view.join("shared/proj/f"), b"view").unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_millis(300);
+    while fs::read(&shared).unwrap() != b"view" && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        fs::read(&shared).unwrap(),
+        b"view",
+        "a view's write drops the host's pages before the timeout"
+    );
     let list = |d: &Path| {
         let mut n: Vec<String> =
             fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();

@@ -99,6 +99,7 @@ fn run_virtiofs(a: &Args, socket: &Path) -> anyhow::Result<()> {
         view,
         view_count: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         logs: server::SharedLogs::default(),
+        changes: server::DataChanges::default(),
     };
     let mut signals = Signals::new([SIGINT, SIGTERM])?;
     let daemon = server::transport::virtiofs::Daemon::bind(socket, config, queues).map_err(|e| {
@@ -170,9 +171,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         view: None,
         view_count: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         logs: server::SharedLogs::default(),
+        changes: server::DataChanges::default(),
     };
     let fs = server::CtxFs::new(config.clone())
         .map_err(|e| Exit::io(format!("cannot open storage {}", a.source.display()), &e))?;
+    let data = fs.data().map_err(|e| Exit::io(format!("cannot open storage {}", a.source.display()), &e))?;
     let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
     let mut signals = Signals::new([SIGINT, SIGTERM])?;
     let pool = Arc::new(
@@ -180,7 +183,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .map_err(|e| Exit::new(exit::INTERNAL, format!("cannot start serving threads: {e}")))?,
     );
     let mount = pool
-        .mount(Arc::new(fs), mp)
+        .mount_host(Arc::new(fs), Arc::new(data), mp)
         .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("cannot mount {}: {e}", mp.display())))?;
     let views = Arc::new(server::control::Views::new(config, Arc::clone(&pool)));
     server::control::listen(&a.control, Arc::clone(&views)).map_err(|e| {
@@ -193,7 +196,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     views.shutdown();
     let _ = std::fs::remove_file(&a.control);
-    let unmounted = pool.unmount(mount);
+    let unmounted = pool.unmount_host(mount);
     drop(views);
     if let Ok(pool) = Arc::try_unwrap(pool) {
         pool.shutdown();

@@ -9,10 +9,10 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
 use fuse_backend_rs::api::server::Server;
@@ -74,6 +74,25 @@ impl Attached {
         &self.mountpoint
     }
 }
+
+/// The host view as [`Pool::mount_host`] mounts it: its own connection, and the data
+/// connection bound over its `home/` and `shared/`.
+#[derive(Debug)]
+pub struct HostMount {
+    main: Attached,
+    data: Attached,
+    binds: Vec<PathBuf>,
+}
+
+impl HostMount {
+    /// The mount point.
+    pub fn mountpoint(&self) -> &Path {
+        self.main.mountpoint()
+    }
+}
+
+/// The directories of the host view served by its data connection.
+pub const DATA_DIRS: [&str; 2] = ["home", "shared"];
 
 fn rearm(inner: &Inner, conn: &Conn, token: u64) {
     let flags = EventFlags::IN | EventFlags::ONESHOT;
@@ -207,6 +226,95 @@ impl Pool {
             EventFlags::IN | EventFlags::ONESHOT,
         )?;
         Ok(Attached { token, session, mountpoint: mountpoint.to_path_buf() })
+    }
+
+    /// Mounts the host view at `mountpoint`: `fs` serves it, and `data` (a
+    /// [`CtxFs::data`] over the same storage) serves everything beneath its `home/` and
+    /// `shared/`, so that plain files there are opened, read and closed without a request once
+    /// cached. The data connection is mounted on a private directory, its `home` and `shared`
+    /// are bound over the host view's, and the private mount is detached: the two binds are
+    /// all that reach it.
+    pub fn mount_host(&self, fs: Arc<CtxFs>, data: Arc<CtxFs>, mountpoint: &Path) -> io::Result<HostMount> {
+        let data_fs = Arc::clone(&data);
+        let main = self.mount(fs, mountpoint)?;
+        let private = std::env::temp_dir().join(format!(
+            "cortexfs-data.{}.{}",
+            std::process::id(),
+            self.inner.next.load(Ordering::Relaxed)
+        ));
+        let mounted = (|| {
+            std::fs::create_dir(&private)?;
+            let data = self.mount(data, &private)?;
+            let mut binds = Vec::new();
+            let bound = DATA_DIRS.iter().try_for_each(|d| {
+                let to = mountpoint.join(d);
+                rustix::mount::mount_bind(private.join(d), &to)?;
+                binds.push(to);
+                Ok::<(), io::Error>(())
+            });
+            let detached = rustix::mount::unmount(&private, rustix::mount::UnmountFlags::DETACH);
+            if let Err(e) = bound.and(detached.map_err(io::Error::from)) {
+                for b in binds.iter().rev() {
+                    let _ = rustix::mount::unmount(b, rustix::mount::UnmountFlags::DETACH);
+                }
+                let _ = self.unmount(data);
+                return Err(e);
+            }
+            self.forward_changes(&data_fs, data.token)?;
+            Ok((data, binds))
+        })();
+        let _ = std::fs::remove_dir(&private);
+        match mounted {
+            Ok((data, binds)) => Ok(HostMount { main, data, binds }),
+            Err(e) => {
+                let _ = self.unmount(main);
+                Err(e)
+            }
+        }
+    }
+
+    /// Tells the kernel of the data connection `token` (serving `data`) to drop its pages of a
+    /// file when another connection of the daemon changed it. The notifications are written by
+    /// a thread of their own: the kernel may wait for a read in flight on that connection
+    /// before it returns, and the serving threads must stay free to answer it.
+    fn forward_changes(&self, data: &Arc<CtxFs>, token: u64) -> io::Result<()> {
+        let conn = self
+            .inner
+            .conns
+            .read()
+            .ok()
+            .and_then(|c| c.get(&token).map(Arc::downgrade))
+            .ok_or_else(|| io::Error::other("the data connection is not served"))?;
+        let fs = Arc::downgrade(data);
+        let (tx, rx) = std::sync::mpsc::channel::<PathBuf>();
+        std::thread::Builder::new().name("fuse-notify".into()).spawn(move || {
+            let mut buf = vec![0u8; 64];
+            for rel in rx {
+                let (Some(conn), Some(fs)) = (conn.upgrade(), fs.upgrade()) else { return };
+                let Some(ino) = fs.known_inode(&rel) else { continue };
+                let Ok(w) = FuseDevWriter::<()>::new(conn.file.as_raw_fd(), &mut buf) else { continue };
+                // ENOENT: the kernel no longer has the inode, so nothing is cached.
+                let _ = conn.server.notify_inval_inode(w, ino, 0, 0);
+            }
+        })?;
+        let tx = Mutex::new(tx);
+        data.changes().set(Arc::new(move |rel: &Path| {
+            let _ = tx.lock().map(|t| t.send(rel.to_path_buf()));
+        }));
+        Ok(())
+    }
+
+    /// Unmounts the host view: the binds of its data connection first, then its own.
+    pub fn unmount_host(&self, h: HostMount) -> io::Result<()> {
+        for b in h.binds.iter().rev() {
+            if let Err(e) = rustix::mount::unmount(b, rustix::mount::UnmountFlags::DETACH) {
+                tracing::warn!(mountpoint = %b.display(), error = %e, "cannot detach the data bind");
+            }
+        }
+        // The data connection's own mount point was detached when it was bound; its session
+        // ends with the binds (an error here only says that there was nothing left to unmount).
+        let _ = self.unmount(h.data);
+        self.unmount(h.main)
     }
 
     /// Unmounts one connection; the others are untouched.
