@@ -11,7 +11,9 @@
 //! may change at any time). Plain files are opened without FLUSH at close, and a read-only open
 //! of a file unchanged in storage since the last open keeps the kernel's pages (KEEP_CACHE); in
 //! the host view directory listings are cached and kept the same way (CACHE_DIR). OPEN itself
-//! stays: controls, `status` and session logs need their handles and DIRECT_IO.
+//! stays on a connection that serves controls, `status` or session logs: they need their
+//! handles and DIRECT_IO. The host's `home/` and `shared/` are served by a connection of their
+//! own without OPEN, FLUSH or RELEASE ([`CtxFs::data`]).
 
 use std::collections::HashMap;
 use std::ffi::CStr;
