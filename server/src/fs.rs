@@ -23,7 +23,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -139,16 +139,35 @@ struct Node {
     /// The backing file as it was when the kernel last had to drop its cached pages (data) or
     /// listing (directory); an open that finds it unchanged lets the kernel keep its cache.
     stamp: Option<Stamp>,
-    /// With zero-message open: the backing file, open for reads and writes that come without a
-    /// handle (writable or not), kept until the kernel forgets the inode. An unlinked file that
-    /// the kernel still knows is reached only this way.
-    fd: Option<(Arc<File>, bool)>,
+    /// The backing file of a data inode, kept open until the kernel forgets the inode: for
+    /// attributes without a path walk (`O_PATH` is enough), and, with zero-message open, for
+    /// reads and writes that come without a handle. An unlinked file that the kernel still
+    /// knows is reached only this way.
+    fd: Option<(Arc<File>, Access)>,
 }
 
-/// With zero-message open, at most this many backing files are kept open for inodes still
-/// reached by a path (those of unlinked files do not count: they cannot be reopened); past it,
-/// a request opens its file for itself.
-const CACHED_FDS: usize = 1024;
+/// What a kept backing file may be used for, least first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Access {
+    /// `O_PATH`: attributes only.
+    Path,
+    Read,
+    Write,
+}
+
+/// Backing files kept open in nodes, across all connections of the process, for inodes still
+/// reached by a path (those of unlinked files do not count: they cannot be reopened).
+static FDS_KEPT: AtomicUsize = AtomicUsize::new(0);
+
+/// At most half the descriptors the process may open are kept in nodes; past it, a request
+/// opens its file for itself.
+fn fd_budget() -> usize {
+    static BUDGET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BUDGET.get_or_init(|| {
+        let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile).current.unwrap_or(1024);
+        usize::try_from(soft / 2).unwrap_or(usize::MAX)
+    })
+}
 
 /// What changes when a file's contents or a directory's entries change behind the kernel's
 /// back: the backing inode, its size, and its modification and change times.
@@ -164,8 +183,6 @@ struct Inodes {
     by_path: HashMap<PathBuf, u64>,
     by_key: HashMap<(u64, u64), u64>,
     next: u64,
-    /// Backing files kept open in nodes (`Node::fd`) for inodes still reached by a path.
-    fds: usize,
 }
 
 impl Inodes {
@@ -235,7 +252,7 @@ impl Inodes {
         }
         let node = self.nodes.remove(&ino).expect("present");
         if node.fd.is_some() && !node.paths.is_empty() {
-            self.fds -= 1;
+            FDS_KEPT.fetch_sub(1, Ordering::Relaxed);
         }
         for p in node.paths {
             if self.by_path.get(&p) == Some(&ino) {
@@ -249,26 +266,25 @@ impl Inodes {
         }
     }
 
-    /// The backing file kept open for `ino`, and whether it is writable.
-    fn cached_fd(&self, ino: u64) -> Option<(Arc<File>, bool)> {
+    /// The backing file kept open for `ino`, and what it may be used for.
+    fn cached_fd(&self, ino: u64) -> Option<(Arc<File>, Access)> {
         self.nodes.get(&ino)?.fd.clone()
     }
 
-    /// Keeps `f` open for `ino` (replacing a read-only one), unless the bound is reached and
+    /// Keeps `f` open for `ino` (replacing one of less access), unless the budget is spent and
     /// `pin` (the file is about to be unlinked) is not set.
-    fn keep_fd(&mut self, ino: u64, f: &Arc<File>, writable: bool, pin: bool) {
-        let full = self.fds >= CACHED_FDS;
+    fn keep_fd(&mut self, ino: u64, f: &Arc<File>, access: Access, pin: bool) {
         let Some(node) = self.nodes.get_mut(&ino) else { return };
-        if node.paths.is_empty() || node.fd.as_ref().is_some_and(|(_, w)| *w || !writable) {
+        if node.paths.is_empty() || node.fd.as_ref().is_some_and(|(_, a)| *a >= access) {
             return;
         }
         if node.fd.is_none() {
-            if full && !pin {
+            if FDS_KEPT.load(Ordering::Relaxed) >= fd_budget() && !pin {
                 return;
             }
-            self.fds += 1;
+            FDS_KEPT.fetch_add(1, Ordering::Relaxed);
         }
-        node.fd = Some((Arc::clone(f), writable));
+        node.fd = Some((Arc::clone(f), access));
     }
 
     /// `rel` no longer names its inode (unlinked, or replaced by a rename).
@@ -277,8 +293,8 @@ impl Inodes {
         let Some(node) = self.nodes.get_mut(&ino) else { return };
         node.paths.retain(|p| p != rel);
         if node.paths.is_empty() && node.fd.is_some() {
-            // Kept for the unlinked file, outside the bound.
-            self.fds -= 1;
+            // Kept for the unlinked file, outside the budget.
+            FDS_KEPT.fetch_sub(1, Ordering::Relaxed);
         }
         if node.paths.is_empty()
             && let Some(k) = node.key
@@ -435,7 +451,6 @@ impl CtxFs {
             by_path: HashMap::new(),
             by_key: HashMap::new(),
             next: DYNAMIC_FIRST,
-            fds: 0,
         };
         for (i, d) in LAYOUT.iter().enumerate() {
             let node = Node { paths: vec![PathBuf::from(d)], lookups: 1, key: None, stamp: None, fd: None };
@@ -602,14 +617,18 @@ impl CtxFs {
                 Handle::File(f) => f.try_clone().ok(),
                 _ => None,
             })
-            .or_else(|| lock(&self.inodes).cached_fd(ino).and_then(|(f, _)| f.try_clone().ok()))
+            .or_else(|| {
+                let (f, access) = lock(&self.inodes).cached_fd(ino)?;
+                (access >= Access::Read).then(|| f.try_clone().ok()).flatten()
+            })
     }
 
     /// With zero-message open: the backing file of data inode `ino` for a request without a
     /// handle, writable when `write`; opened (and kept, within the bound) on first use.
     fn inode_file(&self, ino: u64, write: bool) -> io::Result<Arc<File>> {
-        if let Some((f, w)) = lock(&self.inodes).cached_fd(ino)
-            && (w || !write)
+        let need = if write { Access::Write } else { Access::Read };
+        if let Some((f, access)) = lock(&self.inodes).cached_fd(ino)
+            && access >= need
         {
             return Ok(f);
         }
@@ -617,14 +636,27 @@ impl CtxFs {
         if classify(&rel) != Some(Area::Data) {
             return Err(err(libc::EBADF));
         }
-        let (fd, writable) = match self.storage.open_rel(&rel, OFlags::RDWR, 0) {
-            Ok(fd) => (fd, true),
-            Err(_) if !write => (self.storage.open_rel(&rel, OFlags::RDONLY, 0)?, false),
+        let (fd, access) = match self.storage.open_rel(&rel, OFlags::RDWR, 0) {
+            Ok(fd) => (fd, Access::Write),
+            Err(_) if !write => (self.storage.open_rel(&rel, OFlags::RDONLY, 0)?, Access::Read),
             Err(e) => return Err(e),
         };
         let f = Arc::new(File::from(fd));
-        lock(&self.inodes).keep_fd(ino, &f, writable, false);
+        lock(&self.inodes).keep_fd(ino, &f, access, false);
         Ok(f)
+    }
+
+    /// The backing file's `lstat` for data inode `ino` reached by `rel`: from its kept file
+    /// when there is one (no path walk), else through `rel`, keeping an `O_PATH` descriptor of
+    /// it (within the budget) for the next time.
+    fn data_stat(&self, ino: u64, rel: &Path) -> io::Result<rustix::fs::Stat> {
+        if let Some((f, _)) = lock(&self.inodes).cached_fd(ino) {
+            return rustix::fs::fstat(&*f).map_err(ioerr);
+        }
+        let fd = self.storage.open_rel(rel, OFlags::PATH, 0)?;
+        let st = rustix::fs::fstat(&fd).map_err(ioerr)?;
+        lock(&self.inodes).keep_fd(ino, &Arc::new(File::from(fd)), Access::Path, false);
+        Ok(st)
     }
 
     /// Where this daemon's connections report data changes.
@@ -662,10 +694,10 @@ impl CtxFs {
         let opened = self
             .storage
             .open_rel(rel, OFlags::RDWR, 0)
-            .map(|fd| (fd, true))
-            .or_else(|_| self.storage.open_rel(rel, OFlags::RDONLY, 0).map(|fd| (fd, false)));
-        if let Ok((fd, writable)) = opened {
-            lock(&self.inodes).keep_fd(ino, &Arc::new(File::from(fd)), writable, true);
+            .map(|fd| (fd, Access::Write))
+            .or_else(|_| self.storage.open_rel(rel, OFlags::RDONLY, 0).map(|fd| (fd, Access::Read)));
+        if let Ok((fd, access)) = opened {
+            lock(&self.inodes).keep_fd(ino, &Arc::new(File::from(fd)), access, true);
         }
     }
 
@@ -1076,6 +1108,11 @@ impl FileSystem for CtxFs {
                 };
                 if !self.permitted(&rel) {
                     return Err(err(libc::ENOENT));
+                }
+                if classify(&rel) == Some(Area::Data) {
+                    let st = self.data_stat(ino, &rel)?;
+                    let (attr, area) = self.shown_attr(&rel, &st, ino)?;
+                    return Ok((attr, self.timeout(area)));
                 }
                 let (attr, area) = self.backed_attr(&rel, ino)?;
                 Ok((attr, self.timeout(area)))
