@@ -349,7 +349,12 @@ impl AppendLog {
                 if self.done_seq.load(Ordering::Acquire) >= my_seq {
                     return Ok(my_end);
                 }
-                if !st.leading {
+                // The batch holding our bytes may have been taken by an appender that arrived
+                // while we were waking, and have failed: then it is never ours to commit.
+                if let Some(reason) = &st.stopped {
+                    return Err(self.stopped(reason));
+                }
+                if !st.leading && st.open_seq == my_seq {
                     // Our bytes are still queued: commit them (and everyone else's).
                     return self.lead(st, my_seq).map(|()| my_end);
                 }
