@@ -191,7 +191,7 @@ fn main() {
         view: None,
         view_count: Arc::new(AtomicU64::new(0)),
         logs: server::SharedLogs::default(),
-        changes: server::DataChanges::default(),
+        changes: server::Changes::default(),
     };
     let pool = Pool::new(cores).expect("pool");
     let mnt = top.path().join("ctx");

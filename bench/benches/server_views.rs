@@ -39,7 +39,7 @@ fn main() {
         view: None,
         view_count: Arc::new(AtomicU64::new(0)),
         logs: server::SharedLogs::default(),
-        changes: server::DataChanges::default(),
+        changes: server::Changes::default(),
     };
     // One agent with a label and a policy, as views are usually of real agents.
     std::fs::create_dir_all(storage.join("agent/coder.d")).expect("agent dir");

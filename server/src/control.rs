@@ -14,6 +14,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
@@ -29,6 +30,7 @@ pub const DEFAULT_VIEW_ROOT: &str = "/run/cortexfs/view";
 struct View {
     spec: ViewSpec,
     mount: Attached,
+    fs: Arc<CtxFs>,
 }
 
 /// The views a daemon serves, all from one thread pool.
@@ -36,6 +38,8 @@ pub struct Views {
     base: Config,
     pool: Arc<Pool>,
     views: Mutex<Vec<View>>,
+    /// Set by [`Views::watch`]: views keep entries, dropped when what they show may change.
+    cache: AtomicBool,
 }
 
 impl std::fmt::Debug for Views {
@@ -47,7 +51,43 @@ impl std::fmt::Debug for Views {
 impl Views {
     /// Views of the storage and binaries in `base`, served by `pool`.
     pub fn new(base: Config, pool: Arc<Pool>) -> Views {
-        Views { base, pool, views: Mutex::new(Vec::new()) }
+        Views { base, pool, views: Mutex::new(Vec::new()), cache: AtomicBool::new(false) }
+    }
+
+    /// Lets the kernels of the views created from now on keep entries and attributes, and
+    /// drops every view's entries whenever what they show may change: a control published
+    /// through any connection of the daemon, or a change in the storage's object directories
+    /// (`tool/`, `agent/`, `model/` and the objects' `.d/`) made by other means (`ctx object
+    /// install`, `ctx agent new`, an editor), seen through inotify. Two threads: one watches,
+    /// one writes the invalidations (never a serving thread: the kernel may wait for a lookup
+    /// in flight before it drops an entry).
+    pub fn watch(self: &Arc<Views>) -> std::io::Result<()> {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let views = Arc::downgrade(self);
+        std::thread::Builder::new().name("view-notify".into()).spawn(move || {
+            while rx.recv().is_ok() {
+                // Many changes at once (an install) are one invalidation.
+                while rx.try_recv().is_ok() {}
+                let Some(views) = views.upgrade() else { return };
+                let Ok(list) = views.views.lock() else { return };
+                for v in list.iter() {
+                    views.pool.invalidate_entries(&v.mount, &v.fs);
+                }
+            }
+        })?;
+        let storage = self.base.storage.clone();
+        let watcher_tx = tx.clone();
+        std::thread::Builder::new().name("storage-watch".into()).spawn(move || {
+            if let Err(e) = watch_storage(&storage, &watcher_tx) {
+                tracing::warn!(error = %e, "not watching the storage: views see changes made behind the daemon's back within 1 s");
+            }
+        })?;
+        let tx = Mutex::new(tx);
+        self.base.changes.on_authority(Arc::new(move || {
+            let _ = tx.lock().map(|t| t.send(()));
+        }));
+        self.cache.store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Number of live views.
@@ -90,12 +130,18 @@ impl Views {
         }
         std::fs::create_dir_all(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let spec = ViewSpec { agent: agent.to_owned(), session: session.to_owned() };
-        let fs = CtxFs::new(Config { view: Some(spec.clone()), ..self.base.clone() })
+        let mut fs = CtxFs::new(Config { view: Some(spec.clone()), ..self.base.clone() })
             .map_err(|e| format!("opening storage: {e}"))?;
-        let mount =
-            self.pool.mount(Arc::new(fs), &path).map_err(|e| format!("mounting {}: {e}", path.display()))?;
+        if self.cache.load(Ordering::Relaxed) {
+            fs.cache_entries();
+        }
+        let fs = Arc::new(fs);
+        let mount = self
+            .pool
+            .mount(Arc::clone(&fs), &path)
+            .map_err(|e| format!("mounting {}: {e}", path.display()))?;
         tracing::info!(agent, session, path = %path.display(), "view created");
-        views.push(View { spec, mount });
+        views.push(View { spec, mount, fs });
         self.base.view_count.store(views.len() as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(path)
     }
@@ -202,4 +248,84 @@ pub fn request(socket: &Path, req: &Value) -> std::io::Result<Value> {
     let mut line = String::new();
     BufReader::new(s).read_line(&mut line)?;
     serde_json::from_str(&line).map_err(std::io::Error::other)
+}
+
+/// Watches the directories whose changes may change what views show, and reports each batch of
+/// events on `tx`: `tool/`, `agent/` and their objects' `.d/` directories, and `model/` with
+/// its provider directories and their `.d/` directories. Directories created later are
+/// watched as they appear.
+fn watch_storage(storage: &Path, tx: &std::sync::mpsc::Sender<()>) -> std::io::Result<()> {
+    use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
+    let fd = inotify::init(CreateFlags::CLOEXEC)?;
+    let mask = WatchFlags::CREATE
+        | WatchFlags::DELETE
+        | WatchFlags::MOVED_FROM
+        | WatchFlags::MOVED_TO
+        | WatchFlags::CLOSE_WRITE
+        | WatchFlags::ATTRIB
+        | WatchFlags::ONLYDIR;
+    let mut dirs: std::collections::HashMap<i32, (PathBuf, usize)> = std::collections::HashMap::new();
+    // Depth below the class directory that is watched: objects' `.d/` (1) in tool/ and agent/;
+    // in model/, providers (1) and their models' `.d/` (2).
+    fn wanted(class_depth: usize, name: &str, model: bool) -> bool {
+        if model { class_depth <= 2 } else { class_depth == 1 && name.ends_with(".d") }
+    }
+    let add = |dirs: &mut std::collections::HashMap<i32, (PathBuf, usize)>, p: &Path, depth: usize| {
+        if let Ok(wd) = inotify::add_watch(&fd, p, mask) {
+            dirs.insert(wd, (p.to_path_buf(), depth));
+        }
+    };
+    fn scan(p: &Path, depth: usize, model: bool, out: &mut Vec<(PathBuf, usize)>) {
+        out.push((p.to_path_buf(), depth));
+        let Ok(rd) = std::fs::read_dir(p) else { return };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if e.file_type().is_ok_and(|t| t.is_dir()) && wanted(depth + 1, &name, model) {
+                scan(&e.path(), depth + 1, model, out);
+            }
+        }
+    }
+    let mut initial = Vec::new();
+    for class in ["tool", "agent", "model"] {
+        scan(&storage.join(class), 0, class == "model", &mut initial);
+    }
+    for (p, d) in &initial {
+        add(&mut dirs, p, *d);
+    }
+    let model_root = storage.join("model");
+    let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 64 * 1024];
+    loop {
+        let mut reader = inotify::Reader::new(&fd, &mut buf);
+        let mut new_dirs = Vec::new();
+        loop {
+            let ev = match reader.next() {
+                Ok(ev) => ev,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(rustix::io::Errno::WOULDBLOCK) => break,
+                Err(e) => return Err(e.into()),
+            };
+            let made = ev.events().intersects(ReadFlags::CREATE | ReadFlags::MOVED_TO);
+            if made
+                && ev.events().contains(ReadFlags::ISDIR)
+                && let (Some(name), Some((dir, depth))) = (ev.file_name(), dirs.get(&ev.wd()))
+            {
+                let name = name.to_string_lossy().into_owned();
+                if wanted(depth + 1, &name, dir.starts_with(&model_root)) {
+                    new_dirs.push((dir.join(&name), depth + 1));
+                }
+            }
+            if ev.events().contains(ReadFlags::IGNORED) {
+                dirs.remove(&ev.wd());
+            }
+            if reader.is_buffer_empty() {
+                break;
+            }
+        }
+        for (p, d) in new_dirs {
+            add(&mut dirs, &p, d);
+        }
+        if tx.send(()).is_err() {
+            return Ok(());
+        }
+    }
 }

@@ -88,40 +88,66 @@ pub struct Config {
     /// The open append logs, shared by the host view and every agent view of a daemon: a log
     /// is opened (and locked) once, whichever view appends to it.
     pub logs: SharedLogs,
-    /// Where the connections of a daemon report data they changed, for the host's data
-    /// connection, whose kernel keeps pages across opens.
-    pub changes: DataChanges,
+    /// Where the connections of a daemon report what they changed, for the connections whose
+    /// kernels cache it.
+    pub changes: Changes,
 }
 
 /// Append logs by storage path, shared between the views of one daemon.
 pub type SharedLogs = Arc<Mutex<HashMap<PathBuf, Arc<AppendLog>>>>;
 
 /// A hook called with the storage path of a data file whose contents changed.
-pub type OnChange = Arc<dyn Fn(&Path) + Send + Sync>;
+pub type OnData = Arc<dyn Fn(&Path) + Send + Sync>;
+/// A hook called when what agent views may see may have changed.
+pub type OnAuthority = Arc<dyn Fn() + Send + Sync>;
 
-/// Data changes made through one connection of a daemon, reported to the connection that
-/// caches data across opens (the host's data connection, see [`CtxFs::data`]), which drops
-/// its kernel's pages of the file at once instead of at its next attribute refresh.
+#[derive(Default)]
+struct Hooks {
+    data: Option<OnData>,
+    authority: Option<OnAuthority>,
+}
+
+/// Changes made through one connection of a daemon, reported to the connections whose kernels
+/// cache what they change:
+/// - data written through a view, to the host's data connection (see [`CtxFs::data`]), which
+///   keeps pages across opens and drops them at once instead of at its next attribute refresh;
+/// - a control published (a policy, a label...), to every agent view, whose kernels keep
+///   entries for a while and must look them up again, since what a view shows follows the
+///   policies (see [`control::Views::watch`](crate::control::Views::watch), which also reports
+///   changes made in the storage directory by other means).
 #[derive(Clone, Default)]
-pub struct DataChanges(Arc<Mutex<Option<OnChange>>>);
+pub struct Changes(Arc<Mutex<Hooks>>);
 
-impl std::fmt::Debug for DataChanges {
+impl std::fmt::Debug for Changes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("DataChanges")
+        f.write_str("Changes")
     }
 }
 
-impl DataChanges {
-    /// Sets the hook.
-    pub fn set(&self, hook: OnChange) {
-        *lock(&self.0) = Some(hook);
+impl Changes {
+    /// Sets the data hook.
+    pub fn on_data(&self, hook: OnData) {
+        lock(&self.0).data = Some(hook);
+    }
+
+    /// Sets the authority hook.
+    pub fn on_authority(&self, hook: OnAuthority) {
+        lock(&self.0).authority = Some(hook);
     }
 
     /// Reports that the data file `rel` changed.
-    pub fn changed(&self, rel: &Path) {
-        let hook = lock(&self.0).clone();
+    pub fn data(&self, rel: &Path) {
+        let hook = lock(&self.0).data.clone();
         if let Some(hook) = hook {
             hook(rel);
+        }
+    }
+
+    /// Reports that what agent views may see may have changed.
+    pub fn authority(&self) {
+        let hook = lock(&self.0).authority.clone();
+        if let Some(hook) = hook {
+            hook();
         }
     }
 }
@@ -183,6 +209,15 @@ struct Inodes {
     by_path: HashMap<PathBuf, u64>,
     by_key: HashMap<(u64, u64), u64>,
     next: u64,
+}
+
+impl Drop for Inodes {
+    fn drop(&mut self) {
+        // A connection that ends (unmount, a guest's new session) gives back its share of the
+        // descriptor budget.
+        let kept = self.nodes.values().filter(|n| n.fd.is_some() && !n.paths.is_empty()).count();
+        FDS_KEPT.fetch_sub(kept, Ordering::Relaxed);
+    }
 }
 
 impl Inodes {
@@ -376,7 +411,10 @@ pub struct CtxFs {
     started: Instant,
     view: Option<Authority>,
     view_count: Arc<AtomicU64>,
-    changes: DataChanges,
+    changes: Changes,
+    /// Entry and attribute timeout of storage entries in an agent view: zero unless the view's
+    /// kernel is told when to drop them (see [`CtxFs::cache_entries`]).
+    view_timeout: Duration,
     /// Serves data without OPEN, FLUSH and RELEASE (see [`CtxFs::data`]).
     zero_open: bool,
 }
@@ -469,6 +507,7 @@ impl CtxFs {
             view: config.view.map(Authority::new),
             view_count: config.view_count,
             changes: config.changes,
+            view_timeout: Duration::ZERO,
             zero_open: false,
         })
     }
@@ -549,14 +588,41 @@ impl CtxFs {
         }
     }
 
-    /// Entry and attribute timeout for a storage path: policy-filtered entries are never cached
-    /// in a view, so a revoked grant takes effect at once.
+    /// Entry and attribute timeout for a storage path. In an agent view, zero unless its
+    /// entries are dropped on every change that may change what it shows
+    /// ([`CtxFs::cache_entries`]); then, as on the host, 1 s for changes made behind the
+    /// daemon's back that no watch reports. Whatever the kernel caches, every open, exec,
+    /// create, write, rename and unlink is checked against the policies when it is made.
     fn timeout(&self, area: Area) -> Duration {
-        if matches!(area, Area::SessionLog | Area::ObjectLog) || self.view.is_some() {
+        if matches!(area, Area::SessionLog | Area::ObjectLog) {
             Duration::ZERO
+        } else if self.view.is_some() {
+            self.view_timeout
         } else {
             SHORT
         }
+    }
+
+    /// Lets this agent view's kernel keep entries and attributes (1 s), for a view whose
+    /// entries are invalidated whenever what it shows may change (a control published through
+    /// any connection of the daemon, a change seen in the storage's object directories).
+    pub fn cache_entries(&mut self) {
+        self.view_timeout = SHORT;
+    }
+
+    /// The entries (parent inode, name) this connection's kernel may cache, to invalidate them.
+    pub fn known_entries(&self) -> Vec<(u64, std::ffi::CString)> {
+        let inodes = lock(&self.inodes);
+        inodes
+            .by_path
+            .keys()
+            .filter_map(|p| {
+                let (parent, name) = crate::storage::split(p)?;
+                let parent_ino =
+                    if parent.as_os_str().is_empty() { ROOT } else { *inodes.by_path.get(parent)? };
+                Some((parent_ino, std::ffi::CString::new(name.as_os_str().as_bytes()).ok()?))
+            })
+            .collect()
     }
 
     /// The `status` file's contents, computed now.
@@ -660,7 +726,7 @@ impl CtxFs {
     }
 
     /// Where this daemon's connections report data changes.
-    pub(crate) fn changes(&self) -> &DataChanges {
+    pub(crate) fn changes(&self) -> &Changes {
         &self.changes
     }
 
@@ -676,7 +742,7 @@ impl CtxFs {
             && let Ok(rel) = self.rel(ino)
             && classify(&rel) == Some(Area::Data)
         {
-            self.changes.changed(&rel);
+            self.changes.data(&rel);
         }
     }
 
@@ -860,6 +926,8 @@ impl CtxFs {
         })();
         if written.is_err() {
             let _ = rustix::fs::unlinkat(&dir, tmp.as_str(), AtFlags::empty());
+        } else {
+            self.changes.authority();
         }
         written
     }
@@ -899,7 +967,8 @@ impl CtxFs {
                 if flags as i32 & libc::O_TRUNC != 0 {
                     return Err(err(libc::EPERM));
                 }
-                Ok((Handle::Log(self.log(rel)?), OpenOptions::DIRECT_IO))
+                // Nothing to do at close: each write is durable when it returns.
+                Ok((Handle::Log(self.log(rel)?), OpenOptions::DIRECT_IO | noflush()))
             }
             Area::ClassDir | Area::DataRoot | Area::ControlDir => Err(err(libc::EISDIR)),
             Area::Object | Area::Socket | Area::Control(_) => {
@@ -1324,7 +1393,7 @@ impl FileSystem for CtxFs {
         let write = Self::is_write(flags);
         let (h, opts) = match ino {
             STATUS if write => return Err(err(libc::EACCES)),
-            STATUS => (Handle::Bytes(self.status()), OpenOptions::DIRECT_IO),
+            STATUS => (Handle::Bytes(self.status()), OpenOptions::DIRECT_IO | noflush()),
             ROOT | BIN => return Err(err(libc::EISDIR)),
             i if (BIN_FIRST..BIN_FIRST + self.bins.len() as u64).contains(&i) => {
                 if write {
@@ -1393,7 +1462,7 @@ impl FileSystem for CtxFs {
                 .map_err(ioerr)?;
                 give_to_caller(ctx, &dir, leaf, Some(&fd), Some(mode))?;
                 drop(fd);
-                (Handle::Log(self.log(&rel)?), OpenOptions::DIRECT_IO)
+                (Handle::Log(self.log(&rel)?), OpenOptions::DIRECT_IO | noflush())
             }
             Area::ObjectLog => {
                 // The object's own log, missing when the object predates it: root-owned,
@@ -1406,7 +1475,7 @@ impl FileSystem for CtxFs {
                 )
                 .map_err(ioerr)?;
                 drop(fd);
-                (Handle::Log(self.log(&rel)?), OpenOptions::DIRECT_IO)
+                (Handle::Log(self.log(&rel)?), OpenOptions::DIRECT_IO | noflush())
             }
             Area::Control(_) => {
                 let fd = rustix::fs::openat(

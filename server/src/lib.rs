@@ -16,5 +16,5 @@ pub mod storage;
 pub mod transport;
 pub mod view;
 
-pub use fs::{Config, CtxFs, DataChanges, SharedLogs};
+pub use fs::{Changes, Config, CtxFs, SharedLogs};
 pub use view::ViewSpec;

@@ -434,3 +434,50 @@ fn kept_caches_drop_when_storage_changes_behind_the_mount() {
     fs::remove_file(s.storage.join("home/0/c/g")).unwrap();
     assert_eq!(list(&dir), ["f", "h"]);
 }
+
+/// An agent view's kernel keeps entries (1 s) and drops them all whenever what the view shows
+/// may change: a control published through the daemon, or a change to the objects made in
+/// storage directly (seen through inotify). Both are checked well inside the 1 s.
+#[test]
+fn view_entries_are_dropped_when_a_policy_changes() {
+    let s = Served::start();
+    let st = &s.storage;
+    object(
+        st,
+        "agent",
+        "coder",
+        &[
+            ("label", "coder_t\n"),
+            ("uid", "0\n"),
+            ("policy", "allow coder_t tool:hello execute\nallow coder_t tool:other execute\n"),
+        ],
+    );
+    object(st, "tool", "hello", &[("policy", "allow coder_t tool:hello execute\n")]);
+    object(st, "tool", "other", &[("policy", "allow coder_t tool:other execute\n")]);
+    let v = s.dir.path().join("v");
+    s.view("coder", "s1", &v);
+    let gone_soon = |p: &Path, what: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_millis(300);
+        while fs::metadata(p).is_ok() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(errno(fs::metadata(p)), libc::ENOENT, "{what}");
+    };
+
+    // Cached: a second stat sends nothing.
+    assert!(fs::metadata(v.join("tool/hello")).is_ok());
+    let lookups =
+        |st: &str| -> u64 { st.lines().find_map(|l| l.strip_prefix("op.lookup ")?.parse().ok()).unwrap() };
+    let before = lookups(&fs::read_to_string(v.join("status")).unwrap());
+    assert!(fs::metadata(v.join("tool/hello")).is_ok());
+    assert_eq!(lookups(&fs::read_to_string(v.join("status")).unwrap()), before + 1, "only status looked up");
+
+    // Revoked in storage directly: the watch drops the entry.
+    fs::write(st.join("tool/hello.d/policy"), "").unwrap();
+    gone_soon(&v.join("tool/hello"), "a tool's policy emptied in storage");
+
+    // Revoked through the host mount: the published control drops the entry.
+    assert!(fs::metadata(v.join("tool/other")).is_ok());
+    fs::write(s.p("agent/coder.d/policy"), "allow coder_t tool:hello execute\n").unwrap();
+    gone_soon(&v.join("tool/other"), "the agent's policy rewritten through the mount");
+}

@@ -111,12 +111,30 @@ impl Daemon {
     }
 
     /// Descriptors of the daemon open on `file`.
+    /// Descriptors the daemon has open on `file`: opened for I/O (`O_PATH` ones, which the
+    /// daemon keeps per known inode for attributes, are counted by `paths_on`).
     fn fds_on(&self, file: &Path) -> usize {
-        fs::read_dir(format!("/proc/{}/fd", self.pid()))
-            .unwrap()
-            .flatten()
-            .filter(|e| fs::read_link(e.path()).is_ok_and(|t| t == file))
-            .count()
+        self.on(file).filter(|&o_path| !o_path).count()
+    }
+
+    /// `O_PATH` descriptors the daemon has open on `file`.
+    fn paths_on(&self, file: &Path) -> usize {
+        self.on(file).filter(|&o_path| o_path).count()
+    }
+
+    /// For each descriptor of the daemon naming `file`: whether it is `O_PATH`.
+    fn on(&self, file: &Path) -> impl Iterator<Item = bool> {
+        let pid = self.pid();
+        let file = file.to_path_buf();
+        fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten().filter_map(move |e| {
+            if !fs::read_link(e.path()).is_ok_and(|t| t == file) {
+                return None;
+            }
+            let info =
+                fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", e.file_name().to_string_lossy())).ok()?;
+            let flags = info.lines().find_map(|l| l.strip_prefix("flags:"))?.trim();
+            Some(u32::from_str_radix(flags, 8).ok()? & libc::O_PATH as u32 != 0)
+        })
     }
 
     /// SIGTERM; the exit code and how long stopping took.
@@ -283,9 +301,9 @@ fn views_controls_append_erofs_and_reboot() {
         ["agent", "bin", "home", "model", "shared", "status", "tool"]
     );
     assert_eq!(
-        agent.fds_on(&held),
-        0,
-        "the old session's handle is released after the reboot\n{}",
+        (agent.fds_on(&held), agent.paths_on(&held)),
+        (0, 0),
+        "the old session's handle, and the descriptor kept for its inode, are released after the reboot\n{}",
         vm.transcript()
     );
     let st_exit = vm.wait(BOOT).unwrap();

@@ -99,7 +99,7 @@ fn run_virtiofs(a: &Args, socket: &Path) -> anyhow::Result<()> {
         view,
         view_count: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         logs: server::SharedLogs::default(),
-        changes: server::DataChanges::default(),
+        changes: server::Changes::default(),
     };
     let mut signals = Signals::new([SIGINT, SIGTERM])?;
     let daemon = server::transport::virtiofs::Daemon::bind(socket, config, queues).map_err(|e| {
@@ -171,7 +171,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         view: None,
         view_count: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         logs: server::SharedLogs::default(),
-        changes: server::DataChanges::default(),
+        changes: server::Changes::default(),
     };
     let fs = server::CtxFs::new(config.clone())
         .map_err(|e| Exit::io(format!("cannot open storage {}", a.source.display()), &e))?;
@@ -186,6 +186,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .mount_host(Arc::new(fs), Arc::new(data), mp)
         .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("cannot mount {}: {e}", mp.display())))?;
     let views = Arc::new(server::control::Views::new(config, Arc::clone(&pool)));
+    views.watch().map_err(|e| Exit::new(exit::INTERNAL, format!("cannot start the view notifier: {e}")))?;
     server::control::listen(&a.control, Arc::clone(&views)).map_err(|e| {
         Exit::new(exit::UNAVAILABLE, format!("cannot listen on {}: {e}", a.control.display()))
     })?;

@@ -298,10 +298,24 @@ impl Pool {
             }
         })?;
         let tx = Mutex::new(tx);
-        data.changes().set(Arc::new(move |rel: &Path| {
+        data.changes().on_data(Arc::new(move |rel: &Path| {
             let _ = tx.lock().map(|t| t.send(rel.to_path_buf()));
         }));
         Ok(())
+    }
+
+    /// Tells the kernel of connection `a` (serving `fs`) to drop every entry `fs` knows, so that
+    /// the next use of each is looked up again. Call it from a thread that does not serve
+    /// requests: the kernel waits for lookups in flight in a directory before it drops an entry
+    /// there.
+    pub fn invalidate_entries(&self, a: &Attached, fs: &CtxFs) {
+        let Some(conn) = self.inner.conns.read().ok().and_then(|c| c.get(&a.token).cloned()) else { return };
+        let mut buf = vec![0u8; 4096 + 64];
+        for (parent, name) in fs.known_entries() {
+            let Ok(w) = FuseDevWriter::<()>::new(conn.file.as_raw_fd(), &mut buf) else { continue };
+            // ENOENT: the kernel has no such entry cached.
+            let _ = conn.server.notify_inval_entry(w, parent, &name);
+        }
     }
 
     /// Unmounts the host view: the binds of its data connection first, then its own.

@@ -454,7 +454,7 @@ mod tests {
             view: None,
             view_count: Arc::default(),
             logs: crate::SharedLogs::default(),
-            changes: crate::DataChanges::default(),
+            changes: crate::Changes::default(),
         }
     }
 
