@@ -7,8 +7,9 @@
 //! lines at their end through the ringfs group commit, and `home/`/`shared/` data behaves as
 //! POSIX files owned by the caller. Mode bits are checked by the kernel (`default_permissions`).
 //!
-//! Caching: storage entries and attributes time out after 1 s (0 in agent views, whose policy
-//! may change at any time). Plain files are opened without FLUSH at close, and a read-only open
+//! Caching: storage entries and attributes time out after 1 s (in agent views, only when the
+//! views' entries are dropped on every change of what they show, see [`CtxFs::cache_entries`];
+//! 0 otherwise). Plain files are opened without FLUSH at close, and a read-only open
 //! of a file unchanged in storage since the last open keeps the kernel's pages (KEEP_CACHE); in
 //! the host view directory listings are cached and kept the same way (CACHE_DIR). OPEN itself
 //! stays on a connection that serves controls, `status` or session logs: they need their
