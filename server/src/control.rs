@@ -77,8 +77,9 @@ impl Views {
         })?;
         let storage = self.base.storage.clone();
         let watcher_tx = tx.clone();
+        let epoch = Arc::clone(self.base.changes.epoch());
         std::thread::Builder::new().name("storage-watch".into()).spawn(move || {
-            if let Err(e) = watch_storage(&storage, &watcher_tx) {
+            if let Err(e) = watch_storage(&storage, &epoch, &watcher_tx) {
                 tracing::warn!(error = %e, "not watching the storage: views see changes made behind the daemon's back within 1 s");
             }
         })?;
@@ -253,8 +254,19 @@ pub fn request(socket: &Path, req: &Value) -> std::io::Result<Value> {
 /// Watches the directories whose changes may change what views show, and reports each batch of
 /// events on `tx`: `tool/`, `agent/` and their objects' `.d/` directories, and `model/` with
 /// its provider directories and their `.d/` directories. Directories created later are
-/// watched as they appear.
-fn watch_storage(storage: &Path, tx: &std::sync::mpsc::Sender<()>) -> std::io::Result<()> {
+/// watched as they appear. Around each batch `epoch` is unsettled, so that no view trusts
+/// what it read before the batch (see [`crate::view::Epoch`]).
+///
+/// Watched: entries created, deleted or moved, and files closed after writing (a control
+/// rewritten in place counts when it is complete). Not watched: modifications and attribute
+/// changes, which is what appends to an object's `log` (and their commit evidence) make on
+/// every tool call.
+fn watch_storage(
+    storage: &Path,
+    epoch: &crate::view::Epoch,
+    tx: &std::sync::mpsc::Sender<()>,
+) -> std::io::Result<()> {
+    use rustix::event::{PollFd, PollFlags, poll};
     use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
     let fd = inotify::init(CreateFlags::CLOEXEC)?;
     let mask = WatchFlags::CREATE
@@ -262,7 +274,6 @@ fn watch_storage(storage: &Path, tx: &std::sync::mpsc::Sender<()>) -> std::io::R
         | WatchFlags::MOVED_FROM
         | WatchFlags::MOVED_TO
         | WatchFlags::CLOSE_WRITE
-        | WatchFlags::ATTRIB
         | WatchFlags::ONLYDIR;
     let mut dirs: std::collections::HashMap<i32, (PathBuf, usize)> = std::collections::HashMap::new();
     // Depth below the class directory that is watched: objects' `.d/` (1) in tool/ and agent/;
@@ -270,8 +281,11 @@ fn watch_storage(storage: &Path, tx: &std::sync::mpsc::Sender<()>) -> std::io::R
     fn wanted(class_depth: usize, name: &str, model: bool) -> bool {
         if model { class_depth <= 2 } else { class_depth == 1 && name.ends_with(".d") }
     }
-    let add = |dirs: &mut std::collections::HashMap<i32, (PathBuf, usize)>, p: &Path, depth: usize| {
-        if let Ok(wd) = inotify::add_watch(&fd, p, mask) {
+    let add = |dirs: &mut std::collections::HashMap<i32, (PathBuf, usize)>,
+               fd: &std::os::fd::OwnedFd,
+               p: &Path,
+               depth: usize| {
+        if let Ok(wd) = inotify::add_watch(fd, p, mask) {
             dirs.insert(wd, (p.to_path_buf(), depth));
         }
     };
@@ -290,13 +304,24 @@ fn watch_storage(storage: &Path, tx: &std::sync::mpsc::Sender<()>) -> std::io::R
         scan(&storage.join(class), 0, class == "model", &mut initial);
     }
     for (p, d) in &initial {
-        add(&mut dirs, p, *d);
+        add(&mut dirs, &fd, p, *d);
     }
+    let Some(fd) = epoch.watching(fd) else { return Ok(()) };
     let model_root = storage.join("model");
     let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 64 * 1024];
     loop {
-        let mut reader = inotify::Reader::new(&fd, &mut buf);
+        // Wait for events without taking them: until they are taken in, they keep every view
+        // from trusting what it read (the queue is not empty).
+        let mut pfd = [PollFd::new(fd, PollFlags::IN)];
+        match poll(&mut pfd, None) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+        epoch.unsettled();
+        let mut reader = inotify::Reader::new(fd, &mut buf);
         let mut new_dirs = Vec::new();
+        let mut relevant = false;
         loop {
             let ev = match reader.next() {
                 Ok(ev) => ev,
@@ -304,6 +329,16 @@ fn watch_storage(storage: &Path, tx: &std::sync::mpsc::Sender<()>) -> std::io::R
                 Err(rustix::io::Errno::WOULDBLOCK) => break,
                 Err(e) => return Err(e.into()),
             };
+            // Appends to an object's log (and the commit evidence they set, an attribute change)
+            // and staging residue change nothing a view shows: the real name's arrival does.
+            let name = ev.file_name().map(|n| n.to_bytes()).unwrap_or_default();
+            if name == b"log" || name.ends_with(b".torn") || name.first() == Some(&b'.') {
+                if reader.is_buffer_empty() {
+                    break;
+                }
+                continue;
+            }
+            relevant = true;
             let made = ev.events().intersects(ReadFlags::CREATE | ReadFlags::MOVED_TO);
             if made
                 && ev.events().contains(ReadFlags::ISDIR)
@@ -322,9 +357,10 @@ fn watch_storage(storage: &Path, tx: &std::sync::mpsc::Sender<()>) -> std::io::R
             }
         }
         for (p, d) in new_dirs {
-            add(&mut dirs, &p, d);
+            add(&mut dirs, fd, &p, d);
         }
-        if tx.send(()).is_err() {
+        epoch.settled();
+        if relevant && tx.send(()).is_err() {
             return Ok(());
         }
     }

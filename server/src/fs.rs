@@ -39,7 +39,7 @@ use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, Timespec, Timestamps};
 
 use crate::area::{Area, classify};
 use crate::storage::{LAYOUT, Storage, component};
-use crate::view::{Authority, SharedAccess, ViewSpec};
+use crate::view::{Authority, Epoch, SharedAccess, ViewSpec};
 
 const ROOT: u64 = 1;
 const STATUS: u64 = 2;
@@ -117,7 +117,7 @@ struct Hooks {
 ///   policies (see [`control::Views::watch`](crate::control::Views::watch), which also reports
 ///   changes made in the storage directory by other means).
 #[derive(Clone, Default)]
-pub struct Changes(Arc<Mutex<Hooks>>);
+pub struct Changes(Arc<Mutex<Hooks>>, Arc<Epoch>);
 
 impl std::fmt::Debug for Changes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -144,8 +144,14 @@ impl Changes {
         }
     }
 
+    /// When what agent views' authority is read from may have changed.
+    pub fn epoch(&self) -> &Arc<Epoch> {
+        &self.1
+    }
+
     /// Reports that what agent views may see may have changed.
     pub fn authority(&self) {
+        self.1.bump();
         let hook = lock(&self.0).authority.clone();
         if let Some(hook) = hook {
             hook();
@@ -505,7 +511,7 @@ impl CtxFs {
             logs: config.logs,
             stats: Arc::default(),
             started: Instant::now(),
-            view: config.view.map(Authority::new),
+            view: config.view.map(|v| Authority::new(v, Arc::clone(config.changes.epoch()))),
             view_count: config.view_count,
             changes: config.changes,
             view_timeout: Duration::ZERO,

@@ -16,8 +16,10 @@
 //! - when the agent object is gone, the view is empty and refuses.
 
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use policy::v0::{Class, Permission, Policy, Query};
 
@@ -43,27 +45,115 @@ pub enum SharedAccess {
     Write,
 }
 
+/// What a file was when it was read: identity, change time and size; `None` when missing.
+type Key = Option<(u64, i64, i64, i64)>;
+
+/// A file read by the authority, and what was made of it.
 #[derive(Debug)]
-struct Cached {
-    key: (u64, i64, i64, i64),
-    policy: Option<std::sync::Arc<Policy>>,
+struct Cached<T> {
+    key: Key,
+    /// The stable [`Epoch`] number under which `key` was last found current, if there was one.
+    epoch: Option<u64>,
+    value: Option<T>,
+}
+
+/// Whether anything the views' authority is read from may have changed: a counter that the
+/// daemon bumps when it publishes a control, and that the storage watch makes odd while it
+/// takes in events. A number is stable when it is even and no event waits in the watch's queue
+/// (the kernel queues an event before the system call that made the change returns). While a
+/// number stays stable, what was read under it still holds, and a view decides without looking
+/// at its policies' files again. Without a watch, nothing is ever stable.
+#[derive(Debug, Default)]
+pub struct Epoch {
+    seq: AtomicU64,
+    watch: OnceLock<OwnedFd>,
+}
+
+impl Epoch {
+    /// The current number, if it is stable.
+    pub fn stable(&self) -> Option<u64> {
+        let fd = self.watch.get()?;
+        let s = self.seq.load(Ordering::Acquire);
+        if s % 2 == 1 || rustix::io::ioctl_fionread(fd).map_or(true, |n| n > 0) {
+            return None;
+        }
+        (self.seq.load(Ordering::Acquire) == s).then_some(s)
+    }
+
+    /// Something changed: every number taken before is stale.
+    pub fn bump(&self) {
+        self.seq.fetch_add(2, Ordering::AcqRel);
+    }
+
+    /// The watch starts taking in events: no number is stable until [`Epoch::settled`].
+    pub(crate) fn unsettled(&self) {
+        self.seq.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The watch took its events in.
+    pub(crate) fn settled(&self) {
+        self.seq.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The watch's inotify descriptor, once every directory is watched: from then on numbers
+    /// can be stable. Returns it for the watch to go on with.
+    pub(crate) fn watching(&self, fd: OwnedFd) -> Option<&OwnedFd> {
+        let _ = self.watch.set(fd);
+        self.watch.get()
+    }
 }
 
 /// Evaluates a view's authority against storage.
 #[derive(Debug)]
 pub struct Authority {
     spec: ViewSpec,
-    cache: Mutex<HashMap<PathBuf, Cached>>,
-    texts: Mutex<HashMap<PathBuf, TextEntry>>,
+    epoch: Arc<Epoch>,
+    cache: Mutex<HashMap<PathBuf, Cached<Arc<Policy>>>>,
+    texts: Mutex<HashMap<PathBuf, Cached<Arc<str>>>>,
+    /// Whether the agent object exists, and the stable epoch number it was seen under.
+    alive: Mutex<Option<(u64, bool)>>,
 }
 
-/// A cached small control: its stat key and its text.
-type TextEntry = ((u64, i64, i64, i64), Option<std::sync::Arc<str>>);
-
 impl Authority {
-    /// The authority of `spec`.
-    pub fn new(spec: ViewSpec) -> Authority {
-        Authority { spec, cache: Mutex::new(HashMap::new()), texts: Mutex::new(HashMap::new()) }
+    /// The authority of `spec`; `epoch` says when what it read may be stale.
+    pub fn new(spec: ViewSpec, epoch: Arc<Epoch>) -> Authority {
+        Authority {
+            spec,
+            epoch,
+            cache: Mutex::new(HashMap::new()),
+            texts: Mutex::new(HashMap::new()),
+            alive: Mutex::new(None),
+        }
+    }
+
+    /// `rel` as it is now, read (and made into a value by `make`) only when it changed since
+    /// it was last read; not even looked at while the epoch stays stable.
+    fn current<T: Clone>(
+        &self,
+        cache: &Mutex<HashMap<PathBuf, Cached<T>>>,
+        storage: &Storage,
+        rel: &Path,
+        epoch: Option<u64>,
+        make: impl FnOnce(Option<String>) -> Option<T>,
+    ) -> Option<T> {
+        let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = cache.get(rel)
+            && epoch.is_some()
+            && c.epoch == epoch
+        {
+            return c.value.clone();
+        }
+        let key: Key =
+            storage.stat(rel).ok().map(|st| (st.st_ino, st.st_ctime, st.st_ctime_nsec as i64, st.st_size));
+        if let Some(c) = cache.get_mut(rel)
+            && c.key == key
+        {
+            c.epoch = epoch;
+            return c.value.clone();
+        }
+        let value = make(key.and_then(|_| Self::read_small(storage, rel)));
+        cache.insert(rel.to_path_buf(), Cached { key, epoch, value: value.clone() });
+        value
     }
 
     /// The view's spec.
@@ -77,7 +167,16 @@ impl Authority {
 
     /// True while the agent object exists.
     pub fn alive(&self, storage: &Storage) -> bool {
-        storage.stat(&Path::new("agent").join(&self.spec.agent)).is_ok()
+        let epoch = self.epoch.stable();
+        let mut seen = self.alive.lock().unwrap_or_else(|p| p.into_inner());
+        if let (Some(e), Some((at, alive))) = (epoch, *seen)
+            && at == e
+        {
+            return alive;
+        }
+        let alive = storage.stat(&Path::new("agent").join(&self.spec.agent)).is_ok();
+        *seen = epoch.map(|e| (e, alive));
+        alive
     }
 
     fn read_small(storage: &Storage, rel: &Path) -> Option<String> {
@@ -89,55 +188,53 @@ impl Authority {
     }
 
     /// A small control's text, cached by identity and change time like the policies.
-    fn text(&self, storage: &Storage, rel: &Path) -> Option<std::sync::Arc<str>> {
-        let st = storage.stat(rel).ok()?;
-        let key = (st.st_ino, st.st_ctime, st.st_ctime_nsec as i64, st.st_size);
-        let mut cache = self.texts.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((k, t)) = cache.get(rel)
-            && *k == key
-        {
-            return t.clone();
-        }
-        let t: Option<std::sync::Arc<str>> = Self::read_small(storage, rel).map(Into::into);
-        cache.insert(rel.to_path_buf(), (key, t.clone()));
-        t
+    fn text(&self, storage: &Storage, rel: &Path, epoch: Option<u64>) -> Option<Arc<str>> {
+        self.current(&self.texts, storage, rel, epoch, |t| t.map(Into::into))
     }
 
     /// The agent's label (policy subject), if it has a valid one.
     pub fn label(&self, storage: &Storage) -> Option<String> {
-        let l = self.text(storage, &self.agent_dir().join("label"))?;
+        self.label_at(storage, self.epoch.stable())
+    }
+
+    fn label_at(&self, storage: &Storage, epoch: Option<u64>) -> Option<String> {
+        let l = self.text(storage, &self.agent_dir().join("label"), epoch)?;
         let l = l.trim_end_matches('\n').to_owned();
         policy::v0::check_subject(&l).ok().map(|()| l)
     }
 
     /// The agent's uid (from `uid`), if valid.
     pub fn uid(&self, storage: &Storage) -> Option<u32> {
-        self.text(storage, &self.agent_dir().join("uid"))?.trim().parse().ok()
+        self.text(storage, &self.agent_dir().join("uid"), self.epoch.stable())?.trim().parse().ok()
     }
 
     /// A compiled policy file, cached by identity and change time; `None` when missing or
     /// invalid (which denies everything).
-    fn policy(&self, storage: &Storage, rel: &Path) -> Option<std::sync::Arc<Policy>> {
-        let st = storage.stat(rel).ok()?;
-        let key = (st.st_ino, st.st_ctime, st.st_ctime_nsec as i64, st.st_size);
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = cache.get(rel)
-            && c.key == key
-        {
-            return c.policy.clone();
-        }
-        let text = Self::read_small(storage, rel)?;
-        let policy = Policy::from_text(text.as_bytes()).ok().map(std::sync::Arc::new);
-        if policy.is_none() {
-            tracing::warn!(policy = %rel.display(), "invalid policy: denying everything it would grant");
-        }
-        cache.insert(rel.to_path_buf(), Cached { key, policy: policy.clone() });
-        policy
+    fn policy(&self, storage: &Storage, rel: &Path, epoch: Option<u64>) -> Option<Arc<Policy>> {
+        self.current(&self.cache, storage, rel, epoch, |text| {
+            let text = text?;
+            let policy = Policy::from_text(text.as_bytes()).ok().map(Arc::new);
+            if policy.is_none() {
+                tracing::warn!(policy = %rel.display(), "invalid policy: denying everything it would grant");
+            }
+            policy
+        })
     }
 
     fn agent_allows(&self, storage: &Storage, class: Class, object: &str, permission: Permission) -> bool {
-        let Some(label) = self.label(storage) else { return false };
-        let Some(p) = self.policy(storage, &self.agent_dir().join("policy")) else { return false };
+        self.agent_allows_at(storage, self.epoch.stable(), class, object, permission)
+    }
+
+    fn agent_allows_at(
+        &self,
+        storage: &Storage,
+        epoch: Option<u64>,
+        class: Class,
+        object: &str,
+        permission: Permission,
+    ) -> bool {
+        let Some(label) = self.label_at(storage, epoch) else { return false };
+        let Some(p) = self.policy(storage, &self.agent_dir().join("policy"), epoch) else { return false };
         p.allows(&Query { subject: &label, class, object, permission })
     }
 
@@ -150,12 +247,13 @@ impl Authority {
 
     /// Whether the agent may execute (and so see) `tool/<name>`: both policies must allow it.
     pub fn tool(&self, storage: &Storage, name: &str) -> bool {
-        if !self.agent_allows(storage, Class::Tool, name, Permission::Execute) {
+        let epoch = self.epoch.stable();
+        if !self.agent_allows_at(storage, epoch, Class::Tool, name, Permission::Execute) {
             return false;
         }
-        let Some(label) = self.label(storage) else { return false };
+        let Some(label) = self.label_at(storage, epoch) else { return false };
         let own = PathBuf::from("tool").join(format!("{name}.d")).join("policy");
-        self.policy(storage, &own).is_some_and(|p| {
+        self.policy(storage, &own, epoch).is_some_and(|p| {
             p.allows(&Query {
                 subject: &label,
                 class: Class::Tool,
@@ -177,9 +275,10 @@ impl Authority {
 
     /// The agent's access to `shared/<name>`.
     pub fn shared(&self, storage: &Storage, name: &str) -> SharedAccess {
-        if self.agent_allows(storage, Class::Shared, name, Permission::Write) {
+        let epoch = self.epoch.stable();
+        if self.agent_allows_at(storage, epoch, Class::Shared, name, Permission::Write) {
             SharedAccess::Write
-        } else if self.agent_allows(storage, Class::Shared, name, Permission::Read) {
+        } else if self.agent_allows_at(storage, epoch, Class::Shared, name, Permission::Read) {
             SharedAccess::Read
         } else {
             SharedAccess::None
