@@ -7,7 +7,8 @@
 //!
 //! Ratios are against the baseline at the same concurrency. Storage: a temporary directory under
 //! `CORTEXFS_BENCH_DIR` (default `/var/tmp`), which should be the disk under test.
-//! `CORTEXFS_BENCH_SECS` sets the time per cell (default 2).
+//! `CORTEXFS_BENCH_SECS` sets the time per cell (default 2); `CORTEXFS_BENCH_APPENDERS` (e.g.
+//! `16,64`) the rows.
 
 use std::fs::File;
 use std::io::Write;
@@ -130,7 +131,12 @@ fn main() {
     if uring {
         engines.push(("group/uring", Engine::Uring));
     }
-    for n in [1usize, 4, 16, 64] {
+    // CORTEXFS_BENCH_APPENDERS=64 (a list, comma-separated) runs only those rows.
+    let counts: Vec<usize> = std::env::var("CORTEXFS_BENCH_APPENDERS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 4, 16, 64]);
+    for n in counts {
         let baseline = run(n, secs, per_record(dir.path()));
         let mut rows = vec![("per-record fdatasync", 1.0, baseline)];
         for &(name, engine) in &engines {
