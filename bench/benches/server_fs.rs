@@ -192,6 +192,7 @@ fn main() {
         view_count: Arc::new(AtomicU64::new(0)),
         logs: server::SharedLogs::default(),
         changes: server::Changes::default(),
+        cache_timeout: server::fs::DEFAULT_CACHE_TIMEOUT,
     };
     let pool = Pool::new(cores).expect("pool");
     let mnt = top.path().join("ctx");

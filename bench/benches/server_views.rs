@@ -40,6 +40,7 @@ fn main() {
         view_count: Arc::new(AtomicU64::new(0)),
         logs: server::SharedLogs::default(),
         changes: server::Changes::default(),
+        cache_timeout: server::fs::DEFAULT_CACHE_TIMEOUT,
     };
     // One agent with a label and a policy, as views are usually of real agents.
     std::fs::create_dir_all(storage.join("agent/coder.d")).expect("agent dir");

@@ -7,7 +7,8 @@
 //! lines at their end through the ringfs group commit, and `home/`/`shared/` data behaves as
 //! POSIX files owned by the caller. Mode bits are checked by the kernel (`default_permissions`).
 //!
-//! Caching: storage entries and attributes time out after 1 s (in agent views, only when the
+//! Caching: storage entries and attributes time out after [`Config::cache_timeout`] (1 s by
+//! default; in agent views, only when the
 //! views' entries are dropped on every change of what they show, see [`CtxFs::cache_entries`];
 //! 0 otherwise). Plain files are opened without FLUSH at close, and a read-only open
 //! of a file unchanged in storage since the last open keeps the kernel's pages (KEEP_CACHE); in
@@ -53,8 +54,9 @@ const DYNAMIC_FIRST: u64 = 100;
 
 /// Immutable entries (root, bin) are cached for a long time.
 const LONG: Duration = Duration::from_secs(3600);
-/// Storage entries may change behind the server's back (installs, other mounts).
-const SHORT: Duration = Duration::from_secs(1);
+/// How long storage entries and attributes are kept by default: they may change behind the
+/// server's back (installs, edits in the storage directory).
+pub const DEFAULT_CACHE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The root entries, in listing order.
 pub const ROOT_NAMES: [&str; 7] = ["status", "bin", "model", "agent", "tool", "home", "shared"];
@@ -92,6 +94,10 @@ pub struct Config {
     /// Where the connections of a daemon report what they changed, for the connections whose
     /// kernels cache it.
     pub changes: Changes,
+    /// How long kernels keep storage entries and attributes, for changes made behind the
+    /// daemon's back ([`DEFAULT_CACHE_TIMEOUT`]); changes made through the daemon drop them
+    /// at once.
+    pub cache_timeout: Duration,
 }
 
 /// Append logs by storage path, shared between the views of one daemon.
@@ -419,6 +425,8 @@ pub struct CtxFs {
     view: Option<Authority>,
     view_count: Arc<AtomicU64>,
     changes: Changes,
+    /// [`Config::cache_timeout`].
+    ttl: Duration,
     /// Entry and attribute timeout of storage entries in an agent view: zero unless the view's
     /// kernel is told when to drop them (see [`CtxFs::cache_entries`]).
     view_timeout: Duration,
@@ -514,6 +522,7 @@ impl CtxFs {
             view: config.view.map(|v| Authority::new(v, Arc::clone(config.changes.epoch()))),
             view_count: config.view_count,
             changes: config.changes,
+            ttl: config.cache_timeout,
             view_timeout: Duration::ZERO,
             zero_open: false,
         })
@@ -539,6 +548,7 @@ impl CtxFs {
             view_count: Arc::clone(&self.view_count),
             logs: Arc::clone(&self.logs),
             changes: self.changes.clone(),
+            cache_timeout: self.ttl,
         })?;
         fs.stats = Arc::clone(&self.stats);
         fs.zero_open = true;
@@ -597,7 +607,7 @@ impl CtxFs {
 
     /// Entry and attribute timeout for a storage path. In an agent view, zero unless its
     /// entries are dropped on every change that may change what it shows
-    /// ([`CtxFs::cache_entries`]); then, as on the host, 1 s for changes made behind the
+    /// ([`CtxFs::cache_entries`]); then, as on the host, the cache timeout for changes made behind the
     /// daemon's back that no watch reports. Whatever the kernel caches, every open, exec,
     /// create, write, rename and unlink is checked against the policies when it is made.
     fn timeout(&self, area: Area) -> Duration {
@@ -606,15 +616,15 @@ impl CtxFs {
         } else if self.view.is_some() {
             self.view_timeout
         } else {
-            SHORT
+            self.ttl
         }
     }
 
-    /// Lets this agent view's kernel keep entries and attributes (1 s), for a view whose
+    /// Lets this agent view's kernel keep entries and attributes (the cache timeout), for a view whose
     /// entries are invalidated whenever what it shows may change (a control published through
     /// any connection of the daemon, a change seen in the storage's object directories).
     pub fn cache_entries(&mut self) {
-        self.view_timeout = SHORT;
+        self.view_timeout = self.ttl;
     }
 
     /// The entries (parent inode, name) this connection's kernel may cache, to invalidate them.
@@ -1267,7 +1277,7 @@ impl FileSystem for CtxFs {
                 .map_err(ioerr)?;
         }
         let (attr, _) = self.backed_attr(&rel, ino)?;
-        Ok((attr, SHORT))
+        Ok((attr, self.ttl))
     }
 
     fn readlink(&self, _ctx: &Context, ino: u64) -> io::Result<Vec<u8>> {

@@ -22,11 +22,18 @@ pub struct Served {
     pub control: PathBuf,
     /// The temporary directory holding all of it.
     pub dir: tempfile::TempDir,
+    /// More arguments for `ctx mount`.
+    pub args: Vec<String>,
 }
 
 impl Served {
     /// Starts `ctx mount` on fresh storage and waits until `/ctx/status` answers.
     pub fn start() -> Served {
+        Served::start_with(&[])
+    }
+
+    /// Like [`Served::start`], with more arguments for `ctx mount`.
+    pub fn start_with(args: &[&str]) -> Served {
         assert!(rustix::process::geteuid().is_root(), "mount tests mount FUSE and switch users: run as root");
         assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is required for mount tests");
         let dir = tempfile::tempdir_in("/var/tmp").expect("temp dir");
@@ -35,7 +42,8 @@ impl Served {
         let mnt = dir.path().join("ctx");
         fs::create_dir(&mnt).expect("mount point");
         let control = dir.path().join("control.sock");
-        let mut s = Served { child: None, storage, mnt, control, dir };
+        let args = args.iter().map(|a| (*a).to_owned()).collect();
+        let mut s = Served { child: None, storage, mnt, control, dir, args };
         s.spawn();
         s
     }
@@ -45,6 +53,7 @@ impl Served {
         let child = Command::new(crate::bin("ctx"))
             .args(["mount", "--source", &self.storage.to_string_lossy(), &self.mnt.to_string_lossy()])
             .args(["--control", &self.control.to_string_lossy()])
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()

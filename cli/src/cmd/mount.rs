@@ -26,6 +26,12 @@ pub struct Args {
     /// queues a VM may use, one thread each.
     #[arg(long)]
     threads: Option<usize>,
+    /// Seconds the kernel keeps storage entries and attributes (the host's `home/` and
+    /// `shared/` data, objects, agent views' entries) before asking again: how long a change
+    /// made in the storage directory behind the daemon's back may take to show. Changes made
+    /// through the daemon, and in agent views any change to the objects, show at once.
+    #[arg(long, value_name = "SECONDS", default_value_t = 1, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    cache_timeout: u64,
     /// The root-only control socket through which `ctx view` manages agent views.
     #[arg(long, default_value = server::control::DEFAULT_SOCKET)]
     control: PathBuf,
@@ -100,6 +106,7 @@ fn run_virtiofs(a: &Args, socket: &Path) -> anyhow::Result<()> {
         view_count: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         logs: server::SharedLogs::default(),
         changes: server::Changes::default(),
+        cache_timeout: std::time::Duration::from_secs(a.cache_timeout),
     };
     let mut signals = Signals::new([SIGINT, SIGTERM])?;
     let daemon = server::transport::virtiofs::Daemon::bind(socket, config, queues).map_err(|e| {
@@ -172,6 +179,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         view_count: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         logs: server::SharedLogs::default(),
         changes: server::Changes::default(),
+        cache_timeout: std::time::Duration::from_secs(a.cache_timeout),
     };
     let fs = server::CtxFs::new(config.clone())
         .map_err(|e| Exit::io(format!("cannot open storage {}", a.source.display()), &e))?;

@@ -455,6 +455,7 @@ mod tests {
             view_count: Arc::default(),
             logs: crate::SharedLogs::default(),
             changes: crate::Changes::default(),
+            cache_timeout: crate::fs::DEFAULT_CACHE_TIMEOUT,
         }
     }
 
