@@ -80,7 +80,8 @@ impl Views {
         let epoch = Arc::clone(self.base.changes.epoch());
         std::thread::Builder::new().name("storage-watch".into()).spawn(move || {
             if let Err(e) = watch_storage(&storage, &epoch, &watcher_tx) {
-                tracing::warn!(error = %e, "not watching the storage: views see changes made behind the daemon's back within 1 s");
+                epoch.blind();
+                tracing::warn!(error = %e, "not watching the storage: views check their policies on every request, and see other changes made behind the daemon's back within the cache timeout");
             }
         })?;
         let tx = Mutex::new(tx);
@@ -281,12 +282,22 @@ fn watch_storage(
     fn wanted(class_depth: usize, name: &str, model: bool) -> bool {
         if model { class_depth <= 2 } else { class_depth == 1 && name.ends_with(".d") }
     }
+    // A directory that cannot be watched (the watch limit, `fs.inotify.max_user_watches`)
+    // would hide its changes: then no view trusts what it read, ever. One that is gone is not
+    // missed: its parent reported it.
     let add = |dirs: &mut std::collections::HashMap<i32, (PathBuf, usize)>,
                fd: &std::os::fd::OwnedFd,
                p: &Path,
                depth: usize| {
-        if let Ok(wd) = inotify::add_watch(fd, p, mask) {
-            dirs.insert(wd, (p.to_path_buf(), depth));
+        match inotify::add_watch(fd, p, mask) {
+            Ok(wd) => {
+                dirs.insert(wd, (p.to_path_buf(), depth));
+            }
+            Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR) => {}
+            Err(e) => {
+                epoch.blind();
+                tracing::warn!(dir = %p.display(), error = %e, "cannot watch: views check their policies on every request");
+            }
         }
     };
     fn scan(p: &Path, depth: usize, model: bool, out: &mut Vec<(PathBuf, usize)>) {
@@ -299,11 +310,14 @@ fn watch_storage(
             }
         }
     }
-    let mut initial = Vec::new();
-    for class in ["tool", "agent", "model"] {
-        scan(&storage.join(class), 0, class == "model", &mut initial);
-    }
-    for (p, d) in &initial {
+    let everything = || {
+        let mut all = Vec::new();
+        for class in ["tool", "agent", "model"] {
+            scan(&storage.join(class), 0, class == "model", &mut all);
+        }
+        all
+    };
+    for (p, d) in &everything() {
         add(&mut dirs, &fd, p, *d);
     }
     let Some(fd) = epoch.watching(fd) else { return Ok(()) };
@@ -351,6 +365,10 @@ fn watch_storage(
             }
             if ev.events().contains(ReadFlags::IGNORED) {
                 dirs.remove(&ev.wd());
+            }
+            if ev.events().contains(ReadFlags::QUEUE_OVERFLOW) {
+                // Events were lost, directories created meanwhile among them: look again.
+                new_dirs.extend(everything());
             }
             if reader.is_buffer_empty() {
                 break;

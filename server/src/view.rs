@@ -67,12 +67,18 @@ struct Cached<T> {
 pub struct Epoch {
     seq: AtomicU64,
     watch: OnceLock<OwnedFd>,
+    /// Set for good when the watch may have missed a change (a directory it could not watch,
+    /// the watch ended): from then on nothing is stable.
+    blind: std::sync::atomic::AtomicBool,
 }
 
 impl Epoch {
     /// The current number, if it is stable.
     pub fn stable(&self) -> Option<u64> {
         let fd = self.watch.get()?;
+        if self.blind.load(Ordering::Acquire) {
+            return None;
+        }
         let s = self.seq.load(Ordering::Acquire);
         if s % 2 == 1 || rustix::io::ioctl_fionread(fd).map_or(true, |n| n > 0) {
             return None;
@@ -88,6 +94,12 @@ impl Epoch {
     /// The watch starts taking in events: no number is stable until [`Epoch::settled`].
     pub(crate) fn unsettled(&self) {
         self.seq.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The watch may have missed a change: views look at their files on every decision from
+    /// now on.
+    pub(crate) fn blind(&self) {
+        self.blind.store(true, Ordering::Release);
     }
 
     /// The watch took its events in.
@@ -283,5 +295,45 @@ impl Authority {
         } else {
             SharedAccess::None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+    use super::*;
+    use rustix::fs::inotify::{self, CreateFlags, WatchFlags};
+
+    #[test]
+    fn an_epoch_is_stable_only_while_nothing_may_have_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = Epoch::default();
+        assert_eq!(e.stable(), None, "without a watch nothing is stable");
+        let fd = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK).unwrap();
+        inotify::add_watch(&fd, dir.path(), WatchFlags::CREATE | WatchFlags::CLOSE_WRITE).unwrap();
+        let fd = e.watching(fd).unwrap();
+        let first = e.stable().unwrap();
+
+        // A change queues an event before the call that made it returns: not stable until the
+        // watch has taken it in, and then under another number.
+        std::fs::write(dir.path().join("policy"), "x").unwrap();
+        assert_eq!(e.stable(), None, "an event is waiting");
+        e.unsettled();
+        let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 4096];
+        let mut r = inotify::Reader::new(fd, &mut buf);
+        while r.next().is_ok() {}
+        assert_eq!(e.stable(), None, "taken in, not settled");
+        e.settled();
+        let second = e.stable().unwrap();
+        assert_ne!(first, second);
+
+        // A control published through the daemon.
+        e.bump();
+        assert_ne!(e.stable().unwrap(), second);
+
+        // A watch that may have missed something is never trusted again.
+        e.blind();
+        assert_eq!(e.stable(), None);
     }
 }
