@@ -352,7 +352,16 @@ fn watch_storage(
                 }
                 continue;
             }
-            relevant = true;
+            // In an object's `.d/`, what views show follows only these (runtime controls such
+            // as `status` and `pid`, written at every agent start, change nothing they show).
+            let in_controls =
+                dirs.get(&ev.wd()).is_some_and(|(d, _)| d.extension().is_some_and(|e| e == "d"));
+            if !in_controls
+                || matches!(name, b"policy" | b"label" | b"uid" | b"")
+                || ev.events().intersects(ReadFlags::IGNORED | ReadFlags::QUEUE_OVERFLOW)
+            {
+                relevant = true;
+            }
             let made = ev.events().intersects(ReadFlags::CREATE | ReadFlags::MOVED_TO);
             if made
                 && ev.events().contains(ReadFlags::ISDIR)
