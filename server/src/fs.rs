@@ -8,14 +8,13 @@
 //! POSIX files owned by the caller. Mode bits are checked by the kernel (`default_permissions`).
 //!
 //! Caching: storage entries and attributes time out after [`Config::cache_timeout`] (1 s by
-//! default; in agent views, only when the
-//! views' entries are dropped on every change of what they show, see [`CtxFs::cache_entries`];
-//! 0 otherwise). Plain files are opened without FLUSH at close, and a read-only open
-//! of a file unchanged in storage since the last open keeps the kernel's pages (KEEP_CACHE); in
-//! the host view directory listings are cached and kept the same way (CACHE_DIR). OPEN itself
-//! stays on a connection that serves controls, `status` or session logs: they need their
-//! handles and DIRECT_IO. The host's `home/` and `shared/` are served by a connection of their
-//! own without OPEN, FLUSH or RELEASE ([`CtxFs::data`]).
+//! default; in agent views only when their entries are dropped on every change of what they
+//! show, see [`CtxFs::cache_entries`], 0 otherwise). Plain files are opened without FLUSH at
+//! close, and a read-only open of a file unchanged in storage since the last open keeps the
+//! kernel's pages (KEEP_CACHE); in the host view directory listings are cached and kept the
+//! same way (CACHE_DIR). OPEN itself stays on a connection that serves controls, `status` or
+//! session logs: they need their handles and DIRECT_IO. The host's `home/` and `shared/` are
+//! served by a connection of their own without OPEN, FLUSH or RELEASE ([`CtxFs::data`]).
 
 use std::collections::HashMap;
 use std::ffi::CStr;
@@ -607,8 +606,8 @@ impl CtxFs {
 
     /// Entry and attribute timeout for a storage path. In an agent view, zero unless its
     /// entries are dropped on every change that may change what it shows
-    /// ([`CtxFs::cache_entries`]); then, as on the host, the cache timeout for changes made behind the
-    /// daemon's back that no watch reports. Whatever the kernel caches, every open, exec,
+    /// ([`CtxFs::cache_entries`]); then, as on the host, the cache timeout, for changes made
+    /// behind the daemon's back that no watch reports. Whatever the kernel caches, every open, exec,
     /// create, write, rename and unlink is checked against the policies when it is made.
     fn timeout(&self, area: Area) -> Duration {
         if matches!(area, Area::SessionLog | Area::ObjectLog) {
@@ -620,8 +619,8 @@ impl CtxFs {
         }
     }
 
-    /// Lets this agent view's kernel keep entries and attributes (the cache timeout), for a view whose
-    /// entries are invalidated whenever what it shows may change (a control published through
+    /// Lets this agent view's kernel keep entries and attributes (the cache timeout), for a
+    /// view whose entries are invalidated whenever what it shows may change (a control published through
     /// any connection of the daemon, a change seen in the storage's object directories).
     pub fn cache_entries(&mut self) {
         self.view_timeout = self.ttl;
