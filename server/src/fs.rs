@@ -1801,7 +1801,15 @@ impl FileSystem for CtxFs {
     /// cached there.
     fn opendir(&self, _ctx: &Context, ino: u64, _flags: u32) -> io::Result<(Option<u64>, OpenOptions)> {
         self.stats.count("readdir");
-        let cacheable = self.view.is_none() && ino >= LAYOUT_FIRST;
+        // In a view, listings follow the policies, so only an object's control directories are
+        // kept (`hooks/`, `hooks/pre.d`...): what they list does not depend on the policies, and
+        // they are reached only through entries that are dropped when the policies change.
+        let cacheable = ino >= LAYOUT_FIRST
+            && (self.view.is_none()
+                || (self.view_timeout > Duration::ZERO
+                    && self.rel(ino).is_ok_and(|r| {
+                        classify(&r) == Some(Area::ControlDir) && r.components().count() > 2
+                    })));
         // Stamp before listing, so that the listing is never older than its stamp.
         let stamp = if cacheable {
             let rel = self.rel(ino)?;
