@@ -275,6 +275,8 @@ fn watch_storage(
         | WatchFlags::MOVED_FROM
         | WatchFlags::MOVED_TO
         | WatchFlags::CLOSE_WRITE
+        | WatchFlags::MOVE_SELF
+        | WatchFlags::DELETE_SELF
         | WatchFlags::ONLYDIR;
     let mut dirs: std::collections::HashMap<i32, (PathBuf, usize)> = std::collections::HashMap::new();
     // Depth below the class directory that is watched: objects' `.d/` (1) in tool/ and agent/;
@@ -374,6 +376,15 @@ fn watch_storage(
             }
             if ev.events().contains(ReadFlags::IGNORED) {
                 dirs.remove(&ev.wd());
+            }
+            if ev.events().intersects(ReadFlags::MOVE_SELF | ReadFlags::DELETE_SELF)
+                && dirs.get(&ev.wd()).is_some_and(|(_, depth)| *depth == 0)
+            {
+                // A class directory itself moved or removed: its replacement is not watched.
+                epoch.blind();
+                tracing::warn!(
+                    "a class directory of the storage was moved or removed: views check their policies on every request"
+                );
             }
             if ev.events().contains(ReadFlags::QUEUE_OVERFLOW) {
                 // Events were lost, directories created meanwhile among them: look again.
