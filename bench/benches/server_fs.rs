@@ -185,15 +185,7 @@ fn main() {
     build(&native);
     build(&storage.join("home/0/bench"));
 
-    let config = Config {
-        storage,
-        bins: Vec::new(),
-        view: None,
-        view_count: Arc::new(AtomicU64::new(0)),
-        logs: server::SharedLogs::default(),
-        changes: server::Changes::default(),
-        cache_timeout: server::fs::DEFAULT_CACHE_TIMEOUT,
-    };
+    let config = Config::new(storage, Vec::new());
     let pool = Pool::new(cores).expect("pool");
     let mnt = top.path().join("ctx");
     std::fs::create_dir(&mnt).expect("mnt");

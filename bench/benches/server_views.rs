@@ -6,7 +6,6 @@
 //! (default 1000).
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
 use server::transport::pool::Pool;
@@ -33,15 +32,7 @@ fn main() {
     let cores = std::thread::available_parallelism().map_or(2, |c| c.get());
     let dir = tempfile::tempdir_in("/var/tmp").expect("dir");
     let storage = dir.path().join("storage");
-    let config = Config {
-        storage: storage.clone(),
-        bins: Vec::new(),
-        view: None,
-        view_count: Arc::new(AtomicU64::new(0)),
-        logs: server::SharedLogs::default(),
-        changes: server::Changes::default(),
-        cache_timeout: server::fs::DEFAULT_CACHE_TIMEOUT,
-    };
+    let config = Config::new(storage.clone(), Vec::new());
     // One agent with a label and a policy, as views are usually of real agents.
     std::fs::create_dir_all(storage.join("agent/coder.d")).expect("agent dir");
     std::fs::write(storage.join("agent/coder"), b"#!/bin/sh\n").expect("agent");

@@ -99,6 +99,22 @@ pub struct Config {
     pub cache_timeout: Duration,
 }
 
+impl Config {
+    /// The host view of `storage` with `bins` as `bin/`, for a daemon of its own: no views yet,
+    /// its own logs and change hooks, the default cache timeout.
+    pub fn new(storage: PathBuf, bins: Vec<(String, PathBuf)>) -> Config {
+        Config {
+            storage,
+            bins,
+            view: None,
+            view_count: Arc::default(),
+            logs: SharedLogs::default(),
+            changes: Changes::default(),
+            cache_timeout: DEFAULT_CACHE_TIMEOUT,
+        }
+    }
+}
+
 /// Append logs by storage path, shared between the views of one daemon.
 pub type SharedLogs = Arc<Mutex<HashMap<PathBuf, Arc<AppendLog>>>>;
 

@@ -100,13 +100,9 @@ fn run_virtiofs(a: &Args, socket: &Path) -> anyhow::Result<()> {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
         .clamp(1, server::transport::virtiofs::MAX_REQUEST_QUEUES);
     let config = server::Config {
-        storage: a.source.clone(),
-        bins: bins(),
         view,
-        view_count: Arc::new(std::sync::atomic::AtomicU64::new(0)),
-        logs: server::SharedLogs::default(),
-        changes: server::Changes::default(),
         cache_timeout: std::time::Duration::from_secs(a.cache_timeout),
+        ..server::Config::new(a.source.clone(), bins())
     };
     let mut signals = Signals::new([SIGINT, SIGTERM])?;
     let daemon = server::transport::virtiofs::Daemon::bind(socket, config, queues).map_err(|e| {
@@ -173,13 +169,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .into());
     }
     let config = server::Config {
-        storage: a.source.clone(),
-        bins: bins(),
-        view: None,
-        view_count: Arc::new(std::sync::atomic::AtomicU64::new(0)),
-        logs: server::SharedLogs::default(),
-        changes: server::Changes::default(),
         cache_timeout: std::time::Duration::from_secs(a.cache_timeout),
+        ..server::Config::new(a.source.clone(), bins())
     };
     let fs = server::CtxFs::new(config.clone())
         .map_err(|e| Exit::io(format!("cannot open storage {}", a.source.display()), &e))?;

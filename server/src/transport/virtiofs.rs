@@ -448,15 +448,7 @@ mod tests {
     use super::*;
 
     fn config(dir: &Path) -> Config {
-        Config {
-            storage: dir.join("storage"),
-            bins: Vec::new(),
-            view: None,
-            view_count: Arc::default(),
-            logs: crate::SharedLogs::default(),
-            changes: crate::Changes::default(),
-            cache_timeout: crate::fs::DEFAULT_CACHE_TIMEOUT,
-        }
+        Config::new(dir.join("storage"), Vec::new())
     }
 
     #[test]
