@@ -303,6 +303,36 @@ pub fn parse(text: &[u8]) -> Result<Vec<Rule>, Vec<ParseError>> {
     if errors.is_empty() { Ok(rules) } else { Err(errors) }
 }
 
+/// The lines of policy `text` whose subject is `subject`: (line number, the line). Lines that
+/// do not parse name no one.
+pub fn lines_naming(text: &[u8], subject: &str) -> Vec<(u32, String)> {
+    text.split(|&b| b == b'\n')
+        .enumerate()
+        .filter_map(|(i, raw)| {
+            let line = u32::try_from(i + 1).unwrap_or(u32::MAX);
+            match parse_line(raw, line) {
+                Ok(Some(rule)) if &*rule.subject == subject => {
+                    Some((line, String::from_utf8_lossy(raw).into_owned()))
+                }
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// Policy `text` without the lines whose subject is `subject`; every other line is kept as it
+/// was.
+pub fn without_subject(text: &[u8], subject: &str) -> Vec<u8> {
+    let naming: Vec<u32> = lines_naming(text, subject).into_iter().map(|(l, _)| l).collect();
+    let mut out = Vec::with_capacity(text.len());
+    for (i, raw) in text.split_inclusive(|&b| b == b'\n').enumerate() {
+        if !naming.contains(&u32::try_from(i + 1).unwrap_or(u32::MAX)) {
+            out.extend_from_slice(raw);
+        }
+    }
+    out
+}
+
 /// Parses one line; `Ok(None)` for a blank line.
 pub fn parse_line(raw: &[u8], line: u32) -> Result<Option<Rule>, ParseError> {
     let Ok(text) = std::str::from_utf8(raw) else {
@@ -596,6 +626,19 @@ impl Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lines_naming_a_subject_and_removing_them() {
+        let text = b"allow a_t tool:x execute\nallow ghost_t tool:y execute\n\nallow a_t tool:y execute\nallow ghost_t agent:z read\n";
+        let n = lines_naming(text, "ghost_t");
+        assert_eq!(n.iter().map(|(l, _)| *l).collect::<Vec<_>>(), [2, 5]);
+        assert_eq!(n[0].1, "allow ghost_t tool:y execute");
+        assert_eq!(
+            without_subject(text, "ghost_t"),
+            b"allow a_t tool:x execute\n\nallow a_t tool:y execute\n".to_vec()
+        );
+        assert!(lines_naming(text, "nobody_t").is_empty());
+    }
 
     fn errs(text: &str) -> Vec<ParseError> {
         parse(text.as_bytes()).unwrap_err()

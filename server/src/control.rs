@@ -157,6 +157,14 @@ impl Views {
         let v = views.remove(i);
         self.base.view_count.store(views.len() as u64, std::sync::atomic::Ordering::Relaxed);
         self.pool.unmount(v.mount).map_err(|e| format!("unmounting {path}: {e}"))?;
+        // A view's own directory goes with it (and its agent's, once empty).
+        let dir = Path::new(path);
+        if dir.starts_with(DEFAULT_VIEW_ROOT) {
+            let _ = std::fs::remove_dir(dir);
+            if let Some(agent) = dir.parent().filter(|a| a.parent() == Some(Path::new(DEFAULT_VIEW_ROOT))) {
+                let _ = std::fs::remove_dir(agent);
+            }
+        }
         tracing::info!(path, "view removed");
         Ok(())
     }

@@ -447,6 +447,10 @@ pub struct CtxFs {
     view_timeout: Duration,
     /// Serves data without OPEN, FLUSH and RELEASE (see [`CtxFs::data`]).
     zero_open: bool,
+    /// On the data connection, the first pieces of a session-log write that the kernel split
+    /// at a page boundary, by inode, with the offset the next piece must come at (see
+    /// [`CtxFs::log_piece`]).
+    pieces: Mutex<HashMap<u64, (u64, Vec<u8>)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -504,6 +508,15 @@ fn ioerr(e: rustix::io::Errno) -> io::Error {
     e.into()
 }
 
+/// Appends `data` to a log. A descriptor opened with `O_APPEND` appends at the log's end as
+/// the daemon knows it, whatever offset its kernel sent: each connection's kernel computes that
+/// offset from its own idea of the file's size, stale as soon as another connection (another
+/// view, the host) appended. Without `O_APPEND` the offset must be the end.
+fn append(log: &AppendLog, flags: u32, offset: u64, data: &[u8]) -> io::Result<()> {
+    let r = if flags & libc::O_APPEND as u32 != 0 { log.append(data) } else { log.append_at(offset, data) };
+    r.map(drop).map_err(|e| ringfs_errno(&e))
+}
+
 /// Maps a ringfs error to the errno the client sees.
 fn ringfs_errno(e: &ringfs::Error) -> io::Error {
     tracing::debug!(error = %e, "storage refused");
@@ -540,6 +553,7 @@ impl CtxFs {
             ttl: config.cache_timeout,
             view_timeout: Duration::ZERO,
             zero_open: false,
+            pieces: Mutex::default(),
         })
     }
 
@@ -610,6 +624,14 @@ impl CtxFs {
         let Some(a) = &self.view else { return Ok(()) };
         if !self.permitted(rel) {
             return Err(err(libc::ENOENT));
+        }
+        // An object's controls are the host's: an agent changes its own self-updatable ones
+        // only through `agent.update`, never through its view, whatever its uid and the mode
+        // bits. Objects and their directories are installed, never written.
+        match classify(rel) {
+            Some(Area::Control(_) | Area::ControlDir) => return Err(err(libc::EACCES)),
+            Some(Area::Object | Area::Socket | Area::ClassDir) => return Err(err(libc::EPERM)),
+            _ => {}
         }
         let n: Vec<&str> = rel.iter().filter_map(|c| c.to_str()).collect();
         match n.as_slice() {
@@ -776,6 +798,37 @@ impl CtxFs {
         {
             self.changes.data(&rel);
         }
+    }
+
+    /// A piece of a session-log write on the data connection, which writes through the page
+    /// cache: the kernel sends a write that ends in a page it has not read in two requests, the
+    /// first ending at that page's start. Such a first piece (not ending in a newline, ending at
+    /// a page boundary) is held until the rest arrives at the offset right after it; `None`
+    /// while holding. A held piece not followed by its rest is dropped (never appended): a
+    /// write is acknowledged, as a whole, only by the request that completes it.
+    fn log_piece(&self, ino: u64, offset: u64, data: Vec<u8>) -> Option<(u64, Vec<u8>)> {
+        const PAGE: u64 = 4096;
+        let mut pieces = lock(&self.pieces);
+        let (start, mut whole) = match pieces.remove(&ino) {
+            Some((start, held)) if start + held.len() as u64 == offset => {
+                let mut held = held;
+                held.extend_from_slice(&data);
+                (start, held)
+            }
+            Some(_) => {
+                tracing::warn!(ino, "dropped the first piece of a log write whose rest never came");
+                (offset, data)
+            }
+            None => (offset, data),
+        };
+        if whole.last() != Some(&b'\n')
+            && (start + whole.len() as u64).is_multiple_of(PAGE)
+            && whole.len() <= ringfs::log::Options::default().max_line
+        {
+            pieces.insert(ino, (start, std::mem::take(&mut whole)));
+            return None;
+        }
+        Some((start, whole))
     }
 
     /// With zero-message open, before `rel` stops naming its file (unlink, rename over it):
@@ -1591,7 +1644,7 @@ impl FileSystem for CtxFs {
         offset: u64,
         _lock_owner: Option<u64>,
         _delayed_write: bool,
-        _flags: u32,
+        flags: u32,
         _fuse_flags: u32,
     ) -> io::Result<usize> {
         self.stats.count("write");
@@ -1601,8 +1654,18 @@ impl FileSystem for CtxFs {
         if self.zero_open && handle == 0 {
             let rel = self.rel(ino);
             if rel.as_deref().ok().and_then(classify) == Some(Area::SessionLog) {
-                self.log(&rel?)?.append_at(offset, &data).map_err(|e| ringfs_errno(&e))?;
-                return Ok(data.len());
+                let rel = rel?;
+                let Some((start, whole)) = self.log_piece(ino, offset, data) else {
+                    return Ok(size as usize);
+                };
+                let log = self.log(&rel)?;
+                let end = log.len();
+                append(&log, flags, start, &whole)?;
+                if end != start {
+                    // Appended elsewhere than this kernel thought: its cached pages are wrong.
+                    self.changes.data(&rel);
+                }
+                return Ok(size as usize);
             }
             return self.inode_file(ino, true)?.write_at(&data, offset);
         }
@@ -1615,32 +1678,40 @@ impl FileSystem for CtxFs {
                 self.data_changed(ino);
                 Ok(n)
             }
-            Handle::Control { rel, buf, dirty, .. } => {
-                // A control is replaced whole: writes start at 0 and follow each other.
-                if offset != buf.len() as u64 {
-                    return Err(err(libc::EINVAL));
-                }
-                if buf.len() + data.len() > controls::CONTROL_MAX {
-                    return Err(err(libc::EFBIG));
-                }
-                let checked = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-                buf.extend_from_slice(&data);
-                // Line-structured controls refuse a bad complete line at once, so that even a
-                // shell, which ignores errors from close, sees the write fail.
-                if let Err(why) = check_lines(rel, &buf[checked..]) {
-                    tracing::info!(control = %rel.display(), %why, "control write refused");
-                    *dirty = false;
-                    buf.clear();
+            Handle::Control { rel, buf, .. } => {
+                // A control is replaced whole: writes start at 0 and follow each other. A
+                // handle that saw a refused write publishes nothing: the old content stays.
+                let refused = if offset != buf.len() as u64 {
+                    Some((libc::EINVAL, format!("write at offset {offset}, not at {}", buf.len())))
+                } else if buf.len() + data.len() > controls::CONTROL_MAX {
+                    Some((libc::EFBIG, format!("larger than {} bytes", controls::CONTROL_MAX)))
+                } else {
+                    let checked = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+                    buf.extend_from_slice(&data);
+                    // Line-structured controls refuse a bad complete line at once, so that even
+                    // a shell, which ignores errors from close, sees the write fail.
+                    check_lines(rel, &buf[checked..]).err().map(|why| (libc::EINVAL, why))
+                };
+                if let Some((errno, why)) = refused {
+                    tracing::warn!(control = %rel.display(), %why, "control write refused; nothing is published");
                     *h = Handle::Bytes(Vec::new());
-                    return Err(err(libc::EINVAL));
+                    return Err(err(errno));
                 }
-                *dirty = true;
+                if let Handle::Control { dirty, .. } = &mut *h {
+                    *dirty = true;
+                }
                 Ok(data.len())
             }
             Handle::Log(l) => {
                 let l = Arc::clone(l);
                 drop(h);
-                l.append_at(offset, &data).map_err(|e| ringfs_errno(&e))?;
+                append(&l, flags, offset, &data)?;
+                // The host's data connection keeps pages of session logs.
+                if let Ok(rel) = self.rel(ino)
+                    && classify(&rel) == Some(Area::SessionLog)
+                {
+                    self.changes.data(&rel);
+                }
                 Ok(data.len())
             }
             Handle::Bytes(_) => Err(err(libc::EACCES)),

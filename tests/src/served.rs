@@ -34,6 +34,15 @@ impl Served {
 
     /// Like [`Served::start`], with more arguments for `ctx mount`.
     pub fn start_with(args: &[&str]) -> Served {
+        let mut s = Served::unstarted(args);
+        s.spawn();
+        s
+    }
+
+    /// The temporary directories and arguments of a `ctx mount`, not started yet: for a test
+    /// that prepares the storage first (e.g. mounts a small filesystem there), then calls
+    /// [`Served::spawn`].
+    pub fn unstarted(args: &[&str]) -> Served {
         assert!(rustix::process::geteuid().is_root(), "mount tests mount FUSE and switch users: run as root");
         assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is required for mount tests");
         let dir = tempfile::tempdir_in("/var/tmp").expect("temp dir");
@@ -43,9 +52,7 @@ impl Served {
         fs::create_dir(&mnt).expect("mount point");
         let control = dir.path().join("control.sock");
         let args = args.iter().map(|a| (*a).to_owned()).collect();
-        let mut s = Served { child: None, storage, mnt, control, dir, args };
-        s.spawn();
-        s
+        Served { child: None, storage, mnt, control, dir, args }
     }
 
     /// (Re)starts the daemon on the same storage and mount point.

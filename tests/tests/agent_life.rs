@@ -103,7 +103,7 @@ t agent.start '{{"name":"worker","session":"long","handoff":"count sheep","cmd":
     assert!(wide.contains("not inside any parent mount"), "{wide}");
     assert!(!s.storage.join("agent/wide").exists());
     assert!(read("other.out").contains("does not hold agent:<child> create"), "{}", read("other.out"));
-    assert!(read("label.out").contains("a child's label must be its own"), "{}", read("label.out"));
+    assert!(read("label.out").contains("a label belongs to one agent"), "{}", read("label.out"));
 
     // agent.update: its own system.md only, at most 8 KiB, never as another agent.
     assert_eq!(fs::read_to_string(s.storage.join("agent/boss.d/system.md")).unwrap(), "I am the boss now\n");

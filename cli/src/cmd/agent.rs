@@ -402,6 +402,63 @@ fn installed(storage: &Path) -> anyhow::Result<Vec<Listed>> {
     Ok(out)
 }
 
+/// The policy files of a storage: every object's `.d/policy` in `tool/`, `agent/` and
+/// `model/` (nested), and in the tool directories of user homes and shared spaces.
+fn policy_files(storage: &Path) -> Vec<PathBuf> {
+    fn objects(dir: &Path, depth: u32, out: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for e in entries.flatten() {
+            let p = e.path();
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with('.') || !e.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            if name.ends_with(".d") {
+                out.push(p.join("policy"));
+            } else if depth > 0 {
+                objects(&p, depth - 1, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    objects(&storage.join("tool"), 0, &mut out);
+    objects(&storage.join("agent"), 0, &mut out);
+    objects(&storage.join("model"), 3, &mut out);
+    for tier in ["home", "shared"] {
+        for e in std::fs::read_dir(storage.join(tier)).into_iter().flatten().flatten() {
+            objects(&e.path().join("tool"), 0, &mut out);
+        }
+    }
+    out.retain(|p| p.is_file());
+    out.sort();
+    out
+}
+
+/// Every policy line in `storage` whose subject is `label`, outside `except` (an object's
+/// own control directory): (file, line number, line).
+fn lines_naming(storage: &Path, label: &str, except: Option<&Path>) -> Vec<(PathBuf, u32, String)> {
+    let mut out = Vec::new();
+    for f in policy_files(storage) {
+        if except.is_some_and(|e| f.starts_with(e)) {
+            continue;
+        }
+        let Some(text) = read_control(&f) else { continue };
+        for (n, line) in policy::v0::lines_naming(&text, label) {
+            out.push((f.clone(), n, line));
+        }
+    }
+    out
+}
+
+fn shown_lines(storage: &Path, lines: &[(PathBuf, u32, String)]) -> String {
+    let shown: Vec<String> = lines
+        .iter()
+        .map(|(f, n, l)| format!("  {}:{n}: {l}", f.strip_prefix(storage).unwrap_or(f).display()))
+        .collect();
+    shown.join("\n")
+}
+
 /// Every control `new` writes, by name.
 fn controls_for(a: &NewArgs, label: &str, mounts: &[Mount]) -> BTreeMap<String, Vec<u8>> {
     let mut policy = Vec::new();
@@ -578,22 +635,36 @@ fn new(mut a: NewArgs) -> anyhow::Result<()> {
         controls::validate(ObjectClass::Agent, name, control, bytes)
             .map_err(|e| invalid(format!("agent/{name}: control {control}: {e}")))?;
     }
-    for other in installed(storage)? {
-        if other.label.as_deref() == Some(label.as_str()) && parent.is_some() {
-            // Tools' own policies name labels: a child wearing another agent's label could run
-            // what that agent's tools allow and its parent's do not.
+    // A label belongs to one agent: policies grant to labels, so a second agent wearing one
+    // would hold whatever the first was granted.
+    if let Some(other) = installed(storage)?.into_iter().find(|o| o.label.as_deref() == Some(label.as_str()))
+    {
+        let code = if parent.is_some() { exit::DENIED } else { exit::INVALID };
+        return Err(Exit::new(
+            code,
+            format!("label {label} is agent/{}'s: a label belongs to one agent", other.name),
+        )
+        .into());
+    }
+    // Lines that name a label no agent holds (left by `ctx agent rm`, or written ahead) grant
+    // it authority: a child may not take such a label, whatever its parent holds; the
+    // operator is told what the new agent will be granted by them.
+    let named = lines_naming(storage, &label, None);
+    if !named.is_empty() {
+        if parent.is_some() {
             return Err(Exit::new(
                 exit::DENIED,
-                format!("label {label} is agent/{}'s: a child's label must be its own", other.name),
+                format!(
+                    "label {label} is named by policies a child's parent does not control:\n{}",
+                    shown_lines(storage, &named)
+                ),
             )
             .into());
         }
-        if other.label.as_deref() == Some(label.as_str()) {
-            eprintln!(
-                "ctx: note: agent/{} also has label {label}; grants to {label} apply to both",
-                other.name
-            );
-        }
+        eprintln!(
+            "ctx: note: these policy lines already grant label {label}:\n{}",
+            shown_lines(storage, &named)
+        );
     }
     let exe = format!("#!/bin/sh\nexec /ctx/bin/ctx agent start {name} \"$@\"\n");
     let nanos =
@@ -669,15 +740,60 @@ fn rm(storage: &Path, name: &str, yes: bool) -> anyhow::Result<()> {
             Exit::new(exit::FAILURE, format!("agent/{name} is not installed in {}", dir.display())).into()
         );
     }
+    let label = installed(storage)?.into_iter().find(|a| a.name == name).and_then(|a| a.label);
+    let own = dir.join(format!("{name}.d"));
     let steps = publish::uninstall(storage, ObjectClass::Agent, name, Tier::System, !yes).map_err(fail)?;
     for s in &steps {
         out::line(format_args!("{}{s}", if yes { "" } else { "would " }))?;
+    }
+    // Policy lines that still name its label would go to whoever takes the label next.
+    if let Some(label) = label {
+        let named = lines_naming(storage, &label, Some(&own));
+        let files: std::collections::BTreeSet<&PathBuf> = named.iter().map(|(f, _, _)| f).collect();
+        for f in files {
+            let shown = f.strip_prefix(storage).unwrap_or(f).display();
+            for (_, n, l) in named.iter().filter(|(g, _, _)| g == f) {
+                out::line(format_args!("{}remove {shown}:{n}: {l}", if yes { "" } else { "would " }))?;
+            }
+            if yes {
+                let text = read_control(f).unwrap_or_default();
+                rewrite(f, &policy::v0::without_subject(&text, &label))
+                    .map_err(|e| Exit::io(f.display(), &e))?;
+            }
+        }
     }
     if yes {
         out::line(format_args!("removed agent/{name}"))
     } else {
         out::line("dry run: nothing changed; re-run with --yes to do it")
     }
+}
+
+/// Replaces the file `path` whole: a temporary file beside it with the same owner and mode,
+/// synced, renamed over it, the directory synced.
+fn rewrite(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path)?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name().unwrap_or_default().to_string_lossy(),
+        std::process::id()
+    ));
+    let written = (|| {
+        let mut f =
+            std::fs::OpenOptions::new().write(true).create_new(true).mode(meta.mode() & 0o7777).open(&tmp)?;
+        f.write_all(bytes)?;
+        std::os::unix::fs::fchown(&f, Some(meta.uid()), Some(meta.gid()))?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// Inside an agent's terminal (its `/ctx` is its view), `ctx agent new|start|stop` go through

@@ -456,9 +456,15 @@ pub fn start(s: Start) -> anyhow::Result<()> {
         &c.control,
         json!({"op": "create", "agent": c.agent, "session": c.session, "path": c.view}),
     )?;
+    // Run state is root's: the contract names the command line, which other users have no
+    // business reading; it goes when the run ends.
+    let private = |p: &Path| {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(p)
+    };
     let contract_file = c.runtime.join("contract.json");
-    std::fs::write(&contract_file, serde_json::to_vec_pretty(&c)?)?;
-    let log = std::fs::File::create(c.runtime.join("log"))?;
+    private(&contract_file)?.write_all(&serde_json::to_vec_pretty(&c)?)?;
+    let log = private(&c.runtime.join("log"))?;
     let mut child = Command::new(std::env::current_exe()?)
         .args(["agent", "supervise"])
         .arg(&contract_file)
@@ -639,8 +645,10 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     crate::cmd::session::finish(&c.ctx, c.uid, &c.agent, &c.session, code);
     let _ = std::fs::write(c.runtime.join("exit"), format!("{code}\n"));
     let _ = crate::cmd::view::call(&c.control, json!({"op": "rm", "path": c.view}));
+    // What stays of a run is its status (`exit`) and the supervisor's own log (0600).
     let _ = std::fs::remove_dir_all(c.runtime.join("term"));
     let _ = std::fs::remove_dir_all(c.runtime.join("receipt"));
+    let _ = std::fs::remove_file(contract_file);
     let _ = std::fs::remove_file(c.runtime.join("pid"));
     if let Ok(root) = cgroup_root() {
         let _ = std::fs::remove_dir(root.join(format!("{}.{}", c.agent, c.session)));

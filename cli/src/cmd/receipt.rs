@@ -80,15 +80,18 @@ impl Run {
         })
     }
 
-    fn event(&self, v: Value) {
+    /// Appends one event to the caller's session; durable when it returns. An event that
+    /// cannot be recorded fails the request it records (see [`Run::update`]).
+    fn event(&self, v: Value) -> Result<(), String> {
         let mut line = v.to_string();
         line.push('\n');
         let path = self.session_dir().join("events.jsonl");
-        let _ = std::fs::OpenOptions::new()
+        std::fs::OpenOptions::new()
             .append(true)
             .create(true)
             .open(&path)
-            .and_then(|mut f| f.write_all(line.as_bytes()));
+            .and_then(|mut f| f.write_all(line.as_bytes()))
+            .map_err(|e| format!("the call was not recorded: {}: {e}", path.display()))
     }
 
     fn ctx_cmd(&self, args: &[String]) -> (i32, String, String) {
@@ -117,7 +120,10 @@ impl Run {
         call["type"] = json!("tool_call");
         call["control"] = json!(control);
         call["bytes"] = json!(content.len());
-        self.event(call);
+        // Nothing is done that could not be recorded.
+        if let Err(e) = self.event(call) {
+            return refuse(1, e);
+        }
         let unknown: Vec<&String> = input
             .as_object()
             .map(|o| o.keys().filter(|k| !matches!(k.as_str(), "control" | "content")).collect())
@@ -153,8 +159,15 @@ impl Run {
         if let Some(e) = result["error"].as_str() {
             done["reason"] = json!(e);
         }
-        self.event(done);
-        result
+        match self.event(done) {
+            Ok(()) => result,
+            // Done but not recorded: the caller hears of it as a failure, with what was done.
+            Err(e) if result["ok"] == true => refuse(
+                1,
+                format!("{e} (the update itself was made: {})", result["message"].as_str().unwrap_or("")),
+            ),
+            Err(e) => refuse(1, format!("{e}; {}", result["error"].as_str().unwrap_or(""))),
+        }
     }
 
     fn create(&self, input: &Value) -> Value {

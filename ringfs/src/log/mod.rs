@@ -8,7 +8,9 @@
 //!   end of the log) is refused whole; nothing partial is ever written.
 //! - A failed sync stops the log: that batch and every later append fail, and nothing is
 //!   acknowledged until the log is reopened (and recovered). A failure is never retried into a
-//!   success.
+//!   success. The exception is a full disk or quota (ENOSPC, EDQUOT): the failed batch is cut
+//!   back to the last acknowledged end (file, evidence, sync), its appenders get that error as
+//!   itself, and the log goes on taking appends as soon as there is space.
 //! - [`AppendLog::len`] and [`AppendLog::read_at`] expose only acknowledged bytes.
 //! - Opening recovers: commit evidence (see [`evidence`]) tells a torn, unacknowledged tail, which
 //!   is cut and kept in a `<file>.torn` sidecar, from damage inside acknowledged data, which is an
@@ -26,7 +28,7 @@ mod uring;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, Thread};
 
@@ -149,6 +151,10 @@ struct State {
 struct Waiter {
     thread: Thread,
     lead: AtomicBool,
+    /// The errno of a failure that failed this appender's batch without stopping the log
+    /// (a full disk), 0 while none did. Checked before the durable sequence number, which a
+    /// later batch may pass.
+    failed: AtomicI32,
 }
 
 /// A group-committed JSONL append log. Share it between threads by reference or `Arc`.
@@ -278,6 +284,8 @@ impl AppendLog {
         let start = from.max(need.saturating_sub(1) / STEP * STEP);
         match rustix::fs::fallocate(&self.file, rustix::fs::FallocateFlags::KEEP_SIZE, start, to - start) {
             Ok(()) => to,
+            // Try again with the next batch: space may come back.
+            Err(e) if is_full(&e.into()) => from,
             Err(e) => {
                 tracing::trace!(error = %e, "space reservation unavailable");
                 u64::MAX
@@ -310,6 +318,14 @@ impl AppendLog {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Returns the file to the acknowledged mark `prev` after a refused batch: its bytes cut,
+    /// the evidence settled on `prev`, both synced. A crash at any point leaves `prev` valid.
+    fn cut_back(&self, prev: Mark) -> std::io::Result<()> {
+        self.file.set_len(prev.end)?;
+        portable::set_evidence(&self.file, &Evidence::settled(prev).encode())?;
+        self.file.sync_all()
+    }
+
     fn stopped(&self, reason: &str) -> Error {
         Error::Stopped { path: self.path.clone(), reason: reason.to_owned() }
     }
@@ -332,11 +348,19 @@ impl AppendLog {
         if !st.leading {
             return self.lead(st, my_seq).map(|()| my_end);
         }
-        let me = Arc::new(Waiter { thread: thread::current(), lead: AtomicBool::new(false) });
+        let me = Arc::new(Waiter {
+            thread: thread::current(),
+            lead: AtomicBool::new(false),
+            failed: AtomicI32::new(0),
+        });
         st.waiters.push(Arc::clone(&me));
         drop(st);
         loop {
             thread::park();
+            let failed = me.failed.load(Ordering::Acquire);
+            if failed != 0 {
+                return Err(Error::io("append", &self.path, std::io::Error::from_raw_os_error(failed)));
+            }
             if self.done_seq.load(Ordering::Acquire) >= my_seq {
                 return Ok(my_end);
             }
@@ -346,6 +370,10 @@ impl AppendLog {
             }
             if me.lead.swap(false, Ordering::AcqRel) {
                 let st = self.lock();
+                let failed = me.failed.load(Ordering::Acquire);
+                if failed != 0 {
+                    return Err(Error::io("append", &self.path, std::io::Error::from_raw_os_error(failed)));
+                }
                 if self.done_seq.load(Ordering::Acquire) >= my_seq {
                     return Ok(my_end);
                 }
@@ -386,6 +414,18 @@ impl AppendLog {
             EngineKind::Portable => portable::commit(&self.file, prev.end, &batch, &ev),
             EngineKind::Uring => uring::commit(&self.file, prev.end, &batch, &ev),
         };
+        // Out of space: nothing of this batch was acknowledged, so it is cut back (still
+        // leading, so no other commit runs) and the log goes on; any other failure stops it.
+        let full = match &result {
+            Err(e) if is_full(e) => match self.cut_back(prev) {
+                Ok(()) => Some(e.raw_os_error().unwrap_or(rustix::io::Errno::NOSPC.raw_os_error())),
+                Err(cut) => {
+                    tracing::error!(path = %self.path.display(), error = %cut, "cutting back a batch that found no space failed");
+                    None
+                }
+            },
+            _ => None,
+        };
 
         let mut st = self.lock();
         st.leading = false;
@@ -402,6 +442,21 @@ impl AppendLog {
                 st.spare = batch;
                 self.done_seq.store(seq, Ordering::Release);
                 Ok(())
+            }
+            Err(e) if full.is_some() => {
+                tracing::warn!(path = %self.path.display(), error = %e, "log commit found no space; batch refused");
+                // What was queued behind the refused batch follows the acknowledged end now.
+                st.logical_end = prev.end + st.pending.len() as u64;
+                st.settled = true;
+                st.reserved = 0;
+                let mut batch = batch;
+                batch.clear();
+                st.spare = batch;
+                for w in &waiters {
+                    w.failed
+                        .store(full.unwrap_or(rustix::io::Errno::NOSPC.raw_os_error()), Ordering::Release);
+                }
+                Err(Error::io("append", &self.path, e))
             }
             Err(e) => {
                 tracing::error!(path = %self.path.display(), error = %e, "log commit failed; log stopped");
@@ -428,6 +483,12 @@ impl AppendLog {
         }
         outcome
     }
+}
+
+/// A failure that only says the disk (or a quota) is full.
+fn is_full(e: &std::io::Error) -> bool {
+    use rustix::io::Errno;
+    e.raw_os_error().is_some_and(|n| n == Errno::NOSPC.raw_os_error() || n == Errno::DQUOT.raw_os_error())
 }
 
 impl Drop for AppendLog {

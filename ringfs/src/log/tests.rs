@@ -242,3 +242,76 @@ fn crash_then_damaged_last_batch_is_taken_for_a_torn_tail() {
     assert_eq!(rec.torn, Some((8, 8)));
     assert!(fs::read(torn_path(&p)).unwrap().ends_with(&[&bad[8..], b"\n"].concat()));
 }
+
+/// A small tmpfs of its own, unmounted on drop: a disk that can be filled.
+struct SmallDisk(tempfile::TempDir);
+
+impl SmallDisk {
+    fn new(size: &str) -> SmallDisk {
+        let d = tempfile::tempdir().unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(d.path())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mounting a small tmpfs needs root (tests run as root here)");
+        SmallDisk(d)
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(self.0.path()).status();
+    }
+}
+
+#[test]
+fn a_full_disk_refuses_appends_as_enospc_and_the_log_goes_on_when_space_returns() {
+    for engine in engines() {
+        let disk = SmallDisk::new("1m");
+        let p = disk.0.path().join("events.jsonl");
+        let (log, _) = AppendLog::open(&p, opts(engine)).unwrap();
+        let first = lines(10, "before");
+        for l in &first {
+            log.append(l.as_bytes()).unwrap();
+        }
+        let acked = log.len();
+        // Fill what is left, including the space the log reserved ahead.
+        let filler = disk.0.path().join("filler");
+        let mut f = fs::File::create(&filler).unwrap();
+        let chunk = vec![b'x'; 4096];
+        while std::io::Write::write_all(&mut f, &chunk).is_ok() {}
+        drop(f);
+        let big = format!("{{\"pad\":\"{}\"}}\n", "y".repeat(600 * 1024));
+        let mut refused = 0;
+        for _ in 0..4 {
+            match log.append(big.as_bytes()) {
+                Ok(_) => {}
+                Err(e) => {
+                    assert_eq!(e.errno(), rustix::io::Errno::NOSPC.raw_os_error(), "{engine:?}: {e}");
+                    refused += 1;
+                }
+            }
+        }
+        assert!(refused > 0, "{engine:?}: a full disk refused nothing");
+        let before_space = log.len();
+        assert!(before_space >= acked);
+        fs::remove_file(&filler).unwrap();
+        let after = lines(5, "after");
+        for l in &after {
+            log.append(l.as_bytes()).unwrap_or_else(|e| panic!("{engine:?}: appends work again: {e}"));
+        }
+        let end = log.len();
+        drop(log);
+        let (log, rec) = AppendLog::open(&p, opts(engine)).unwrap();
+        assert_eq!((rec.torn, rec.mark.end), (None, end), "{engine:?}");
+        let mut buf = vec![0u8; end as usize];
+        log.read_at(&mut buf, 0).unwrap();
+        let text = String::from_utf8(buf).unwrap();
+        for l in first.iter().chain(&after) {
+            assert_eq!(text.matches(l.as_str()).count(), 1, "{engine:?}: {l} kept once");
+        }
+        assert!(text.lines().all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()));
+    }
+}

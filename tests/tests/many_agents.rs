@@ -1,0 +1,405 @@
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+//! Many agents on one daemon, each in its own sandbox: appends from many connections to one
+//! log, control writes that fail part way, a full disk, and what an agent's view lets it change
+//! of its own authority.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use tests::served::{Served, errno};
+
+fn text(o: &Output) -> String {
+    tests::shown(o)
+}
+
+fn ctx(args: &[&str]) -> Output {
+    Command::new(tests::bin("ctx")).args(args).output().unwrap()
+}
+
+fn ok(args: &[&str]) {
+    let o = ctx(args);
+    assert!(o.status.success(), "ctx {args:?}: {}", text(&o));
+}
+
+fn session(tag: &str) -> String {
+    format!("{tag}{}", std::process::id())
+}
+
+/// A daemon with the core tools and a workspace anyone may read.
+struct Host {
+    s: Served,
+    work: PathBuf,
+}
+
+impl Host {
+    fn new() -> Host {
+        assert!(Path::new("/usr/bin/bwrap").exists(), "bubblewrap is required (make test installs it)");
+        Host::on(Served::start())
+    }
+
+    fn on(s: Served) -> Host {
+        ok(&["bootstrap", s.storage.to_str().unwrap()]);
+        let work = s.dir.path().join("work");
+        fs::create_dir_all(&work).unwrap();
+        fs::write(work.join("a.txt"), "hello\n").unwrap();
+        // Agents of any uid write their results here.
+        fs::set_permissions(&work, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+        Host { s, work }
+    }
+
+    fn st(&self) -> &str {
+        self.s.storage.to_str().unwrap()
+    }
+
+    /// `ctx agent new NAME --uid UID --gid UID` plus `extra`.
+    fn agent(&self, name: &str, uid: u32, extra: &[&str]) {
+        let uid = uid.to_string();
+        let mut args = vec!["agent", "new", name, "--uid", &uid, "--gid", &uid, "--source", self.st()];
+        args.extend_from_slice(extra);
+        ok(&args);
+    }
+
+    /// Grants `tool` to `labels` in the tool's own policy.
+    fn tool_policy(&self, tool: &str, labels: &[String]) {
+        let p: String = labels.iter().map(|l| format!("allow {l} tool:{tool} execute\n")).collect();
+        fs::write(self.s.storage.join(format!("tool/{tool}.d/policy")), p).unwrap();
+    }
+
+    fn start(&self, agent: &str, session: &str, extra: &[&str], cmd: &[&str]) -> Command {
+        let mut c = Command::new(tests::bin("ctx"));
+        c.args(["agent", "start", agent, "--session", session, "--ctx"])
+            .arg(&self.s.mnt)
+            .arg("--control")
+            .arg(&self.s.control)
+            .arg("--cwd")
+            .arg(&self.work)
+            .args(extra)
+            .arg("--")
+            .args(cmd);
+        c
+    }
+
+    fn events(&self, uid: u32, agent: &str, session: &str) -> String {
+        fs::read_to_string(
+            self.s.storage.join(format!("home/{uid}/agent/{agent}/session/{session}/events.jsonl")),
+        )
+        .unwrap_or_default()
+    }
+}
+
+/// Every line of `log` is whole JSON; returns how many there are.
+fn whole_lines(log: &str) -> usize {
+    for l in log.lines() {
+        assert!(serde_json::from_str::<serde_json::Value>(l).is_ok(), "a torn or merged line: {l:?}");
+    }
+    log.lines().count()
+}
+
+#[test]
+fn appends_from_many_views_and_the_host_all_land_whole() {
+    const AGENTS: u32 = 16;
+    const CALLS: usize = 400;
+    let h = Host::new();
+    let names: Vec<String> = (0..AGENTS).map(|i| format!("w{i}")).collect();
+    for (i, n) in names.iter().enumerate() {
+        h.agent(n, 3100 + i as u32, &["--tool", "fs.read"]);
+    }
+    h.tool_policy("fs.read", &names.iter().map(|n| format!("{n}_t")).collect::<Vec<_>>());
+    let s = session("c");
+    let script = format!(
+        "n=0; i=0; while [ $i -lt {CALLS} ]; do /ctx/bin/tsh fs.read a.txt >/dev/null 2>>/tmp/err || n=$((n+1)); \
+         i=$((i+1)); done; cat /tmp/err >&2; exit $n"
+    );
+    let runs: Vec<_> = names
+        .iter()
+        .map(|n| h.start(n, &s, &["--wait"], &["/bin/sh", "-c", &script]).spawn().unwrap())
+        .collect();
+    // Meanwhile the host appends to the first agent's session log through its own mount.
+    let host_log = h.s.p(&format!("home/3100/agent/w0/session/{s}/events.jsonl"));
+    let t = std::time::Instant::now();
+    while !host_log.exists() {
+        assert!(t.elapsed().as_secs() < 30, "the first session never appeared");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let mut host = fs::OpenOptions::new().append(true).open(&host_log).unwrap();
+    for i in 0..300 {
+        host.write_all(format!("{{\"type\":\"host.note\",\"i\":{i}}}\n").as_bytes())
+            .unwrap_or_else(|e| panic!("host append {i} through the host mount: {e}"));
+    }
+    for (n, r) in names.iter().zip(runs) {
+        let o = r.wait_with_output().unwrap();
+        assert!(o.status.success(), "{n}: every call succeeds and is recorded: {}", text(&o));
+    }
+    let log = fs::read_to_string(h.s.storage.join("tool/fs.read.d/log")).unwrap();
+    assert_eq!(whole_lines(&log), AGENTS as usize * CALLS, "one whole line per call in the tool's log");
+    for (i, n) in names.iter().enumerate() {
+        let ev = h.events(3100 + i as u32, n, &s);
+        let calls = ev.lines().filter(|l| l.contains("\"tool.call\"")).count();
+        whole_lines(&ev);
+        assert_eq!(calls, CALLS, "{n}: every call in the session's events");
+    }
+    let first = h.events(3100, "w0", &s);
+    assert_eq!(first.lines().filter(|l| l.contains("host.note")).count(), 300, "no host append lost");
+}
+
+/// Writes `data` to `path` through the mount in `chunk`-byte writes, then closes it; returns
+/// the errno of the first write that failed (0: none).
+fn write_control(path: &Path, data: &[u8], chunk: usize) -> i32 {
+    let f = fs::OpenOptions::new().write(true).truncate(true).open(path).unwrap();
+    let mut first = 0;
+    for (i, c) in data.chunks(chunk).enumerate() {
+        let e = errno(f.write_all_at(c, (i * chunk) as u64));
+        if e != 0 {
+            first = e;
+            break;
+        }
+    }
+    first
+}
+
+#[test]
+fn a_control_handle_that_saw_a_refused_write_publishes_nothing() {
+    let h = Host::new();
+    h.agent("a", 3200, &[]);
+    let system = h.s.p("agent/a.d/system.md");
+    let policy = h.s.p("agent/a.d/policy");
+    fs::write(&system, "old system\n").unwrap();
+    let old_policy = fs::read(&policy).unwrap();
+    // 65 KiB in 4 KiB writes: the write past 64 KiB is refused, the first 64 KiB stay unpublished.
+    let big = vec![b'x'; 65 * 1024];
+    let e = write_control(&system, &big, 4096);
+    assert_eq!(e, libc::EFBIG, "the write past the limit is refused");
+    let now = fs::read_to_string(&system).unwrap();
+    assert!(now == "old system\n", "nothing published at close ({} bytes there)", now.len());
+    // A policy of 1,025 lines of 64 bytes.
+    let line = format!("allow a_t tool:{} execute\n", "t".repeat(64 - 24));
+    assert_eq!(line.len(), 64);
+    let e = write_control(&policy, line.repeat(1025).as_bytes(), 64);
+    assert_ne!(e, 0, "an oversize policy is refused");
+    assert!(fs::read(&policy).unwrap() == old_policy, "the old policy stays");
+    // A write at the wrong offset in the middle of a handle's writes.
+    let f = fs::OpenOptions::new().write(true).truncate(true).open(&system).unwrap();
+    f.write_all_at(b"first part\n", 0).unwrap();
+    assert_eq!(errno(f.write_all_at(b"gap\n", 100)), libc::EINVAL);
+    drop(f);
+    assert_eq!(fs::read_to_string(&system).unwrap(), "old system\n", "a failed pwrite publishes nothing");
+    // And a handle without a refusal still publishes.
+    fs::write(&system, "new system\n").unwrap();
+    assert_eq!(fs::read_to_string(&system).unwrap(), "new system\n");
+}
+
+#[test]
+fn a_full_disk_reaches_the_writer_as_enospc_and_appends_work_again() {
+    let mut s = Served::unstarted(&[]);
+    fs::create_dir_all(&s.storage).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .arg(&s.storage)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "a small tmpfs for the storage");
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _tmpfs = Unmount(s.storage.clone());
+    s.spawn();
+    let h = Host { work: s.dir.path().join("work"), s };
+    let dir = h.s.data_dir("home/0/agent/a/session/full", 0o755, 0);
+    let log = dir.join("events.jsonl");
+    let mut f = fs::OpenOptions::new().append(true).create(true).mode(0o644).open(&log).unwrap();
+    let mut acked = Vec::new();
+    for i in 0..20 {
+        let l = format!("{{\"type\":\"before\",\"i\":{i}}}\n");
+        f.write_all(l.as_bytes()).unwrap();
+        acked.push(l);
+    }
+    // Fill the disk behind the daemon's back.
+    let filler = h.s.storage.join("filler");
+    let mut fill = fs::File::create(&filler).unwrap();
+    while fill.write_all(&[b'x'; 65536]).is_ok() {}
+    while fill.write_all(&[b'x'; 512]).is_ok() {}
+    drop(fill);
+    let big = format!("{{\"type\":\"big\",\"pad\":\"{}\"}}\n", "y".repeat(120 * 1024));
+    let mut seen = Vec::new();
+    for _ in 0..20 {
+        let e = errno(f.write_all(big.as_bytes()));
+        seen.push(e);
+        if e != 0 {
+            break;
+        }
+    }
+    assert_eq!(seen.last(), Some(&libc::ENOSPC), "a full disk is ENOSPC, not EIO: {seen:?}");
+    let bigs = seen.iter().filter(|&&e| e == 0).count();
+    fs::remove_file(&filler).unwrap();
+    for i in 0..20 {
+        let l = format!("{{\"type\":\"after\",\"i\":{i}}}\n");
+        f.write_all(l.as_bytes()).unwrap_or_else(|e| panic!("appends work again once there is space: {e}"));
+        acked.push(l);
+    }
+    drop(f);
+    let text = fs::read_to_string(h.s.storage.join("home/0/agent/a/session/full/events.jsonl")).unwrap();
+    whole_lines(&text);
+    for l in &acked {
+        assert_eq!(text.matches(l.as_str()).count(), 1, "acknowledged {l:?} kept once");
+    }
+    assert_eq!(text.lines().filter(|l| l.contains("\"big\"")).count(), bigs, "only acknowledged appends");
+}
+
+#[test]
+fn an_agent_running_as_root_cannot_change_its_own_controls_through_its_view() {
+    let h = Host::new();
+    h.agent("boss", 0, &["--tool", "fs.read"]);
+    let controls = h.s.storage.join("agent/boss.d");
+    let before: Vec<(String, Vec<u8>)> = ["policy", "uid", "label", "mount", "system.md"]
+        .iter()
+        .map(|c| ((*c).to_owned(), fs::read(controls.join(c)).unwrap_or_default()))
+        .collect();
+    let script = "d=/ctx/agent/boss.d; r=''; \
+        echo 'allow boss_t tool:fs.write execute' >> $d/policy && r=\"$r policy-append\"; \
+        echo 'allow boss_t tool:fs.write execute' > $d/policy && r=\"$r policy-write\"; \
+        echo 0 > $d/uid && r=\"$r uid\"; echo root_t > $d/label && r=\"$r label\"; \
+        echo '/ /host rw' > $d/mount && r=\"$r mount\"; echo hi > $d/system.md && r=\"$r system\"; \
+        chmod 666 $d/policy && r=\"$r chmod\"; touch $d/cwd 2>/dev/null && r=\"$r create\"; \
+        mv $d/policy $d/policy.old && r=\"$r rename\"; rm -f $d/label && r=\"$r unlink\"; \
+        mkdir $d/hooks/pre.d/x 2>/dev/null && r=\"$r mkdir\"; \
+        echo \"$r\" > /workspace/changed";
+    let o = h.start("boss", &session("r"), &["--wait"], &["/bin/sh", "-c", script]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(fs::read_to_string(h.work.join("changed")).unwrap().trim(), "", "nothing was changed");
+    for (c, old) in before {
+        assert_eq!(fs::read(controls.join(&c)).unwrap_or_default(), old, "{c} unchanged");
+    }
+}
+
+/// A raw request on the run's receipt socket, from inside the sandbox; its reply in `out`.
+fn receipt_call(request: &str, out: &str) -> String {
+    format!(
+        "python3 -c 'import socket,sys\ns=socket.socket(socket.AF_UNIX); s.connect(\"/run/cortexfs/receipt/main.sock\")\n\
+         s.sendall(sys.argv[1].encode()+b\"\\n\"); print(s.makefile().readline())' '{request}' > {out} 2>&1"
+    )
+}
+
+#[test]
+fn a_lifecycle_call_that_cannot_be_recorded_fails_and_changes_nothing() {
+    let h = Host::new();
+    h.agent("upd", 3300, &["--tool", "agent.update"]);
+    h.tool_policy("agent.update", &["upd_t".to_owned()]);
+    let s = session("u");
+    let script = format!(
+        "while [ ! -e /workspace/go ]; do sleep 0.05; done; {}; touch /workspace/done",
+        receipt_call(
+            r#"{"op":"agent.update","input":{"control":"system.md","content":"changed"}}"#,
+            "/workspace/reply"
+        )
+    );
+    let run = h.start("upd", &s, &["--wait"], &["/bin/sh", "-c", &script]).spawn().unwrap();
+    let events = h.s.storage.join(format!("home/3300/agent/upd/session/{s}/events.jsonl"));
+    let t = std::time::Instant::now();
+    while !events.exists() {
+        assert!(t.elapsed().as_secs() < 30, "the session never appeared");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // The session's events can no longer be appended to.
+    fs::remove_file(&events).unwrap();
+    fs::create_dir(&events).unwrap();
+    let before = fs::read(h.s.storage.join("agent/upd.d/system.md")).unwrap_or_default();
+    fs::write(h.work.join("go"), "").unwrap();
+    let o = run.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let reply: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(h.work.join("reply")).unwrap()).unwrap();
+    assert_eq!(reply["ok"], false, "{reply}");
+    assert!(reply["error"].as_str().unwrap().contains("not recorded"), "{reply}");
+    assert!(
+        fs::read(h.s.storage.join("agent/upd.d/system.md")).unwrap_or_default() == before,
+        "an unrecorded update is not made"
+    );
+}
+
+#[test]
+fn run_state_is_roots_holds_no_command_line_after_stop_and_goes_with_the_run() {
+    let h = Host::new();
+    h.agent("quiet", 3400, &[]);
+    let s = session("q");
+    let secret = "sekrit-4711-cmdline";
+    let o = h.start("quiet", &s, &[], &["/bin/sh", "-c", "sleep 1000", secret]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let run = PathBuf::from(format!("/run/cortexfs/agent/quiet/{s}"));
+    let contract = run.join("contract.json");
+    use std::os::unix::fs::MetadataExt;
+    for f in [&contract, &run.join("log")] {
+        let m = fs::metadata(f).unwrap();
+        assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o600), "{} is root's alone", f.display());
+    }
+    let other = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "cat"])
+        .arg(&contract)
+        .output()
+        .unwrap();
+    assert!(!other.status.success(), "another user cannot read the contract: {}", text(&other));
+    let view = PathBuf::from(format!("/run/cortexfs/view/quiet/{s}"));
+    assert!(view.exists());
+    ok(&["agent", "stop", "quiet", "--session", &s]);
+    assert!(!contract.exists(), "the contract goes with the run");
+    let left: Vec<String> =
+        fs::read_dir(&run).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    let mut left = left;
+    left.sort();
+    assert_eq!(left, ["exit", "log"], "only the status and the supervisor's log stay");
+    for f in &left {
+        assert!(!fs::read_to_string(run.join(f)).unwrap().contains(secret), "{f} holds no command line");
+    }
+    assert!(!view.exists(), "the view's directory goes with the view");
+}
+
+#[test]
+fn a_child_cannot_take_a_label_that_policies_name_and_rm_names_the_lines_left() {
+    let h = Host::new();
+    h.agent("boss", 3500, &["--tool", "agent.create", "--tool", "fs.write"]);
+    let policy = h.s.storage.join("agent/boss.d/policy");
+    let mut p = fs::read_to_string(&policy).unwrap();
+    p.push_str("allow boss_t agent:ghostkid create\nallow boss_t agent:twin create\n");
+    fs::write(&policy, p).unwrap();
+    h.tool_policy("agent.create", &["boss_t".to_owned()]);
+    // A label no agent holds, still granted fs.write by the tool's own policy.
+    fs::write(h.s.storage.join("tool/fs.write.d/policy"), "allow ghost_t tool:fs.write execute\n").unwrap();
+    h.agent("other", 3501, &[]);
+    let script = "cd /workspace; \
+        /ctx/bin/tsh agent.create '{\"name\":\"ghostkid\",\"label\":\"ghost_t\",\"tools\":[\"fs.write\"]}' > ghost.out 2>&1; \
+        echo $? > ghost.code; \
+        /ctx/bin/tsh agent.create '{\"name\":\"twin\",\"label\":\"other_t\"}' > twin.out 2>&1; echo $? > twin.code";
+    let o = h.start("boss", &session("g"), &["--wait"], &["/bin/sh", "-c", script]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let read = |f: &str| fs::read_to_string(h.work.join(f)).unwrap_or_default();
+    assert_eq!(read("ghost.code").trim(), "13", "{}", read("ghost.out"));
+    assert!(read("ghost.out").contains("tool/fs.write.d/policy:1: allow ghost_t"), "{}", read("ghost.out"));
+    assert!(!h.s.storage.join("agent/ghostkid").exists(), "no child with the ghost's label");
+    assert_eq!(read("twin.code").trim(), "13", "{}", read("twin.out"));
+    assert!(read("twin.out").contains("agent/other's"), "{}", read("twin.out"));
+    // The operator cannot hand out a label twice either.
+    let o = ctx(&["agent", "new", "again", "--label", "other_t", "--source", h.st()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+
+    // ctx agent rm names the lines that still grant the label, and removes them with --yes.
+    fs::write(
+        h.s.storage.join("tool/fs.read.d/policy"),
+        "allow boss_t tool:fs.read execute\nallow other_t tool:fs.read execute\n",
+    )
+    .unwrap();
+    let dry = ctx(&["agent", "rm", "other", "--source", h.st()]);
+    assert!(dry.status.success(), "{}", text(&dry));
+    let out = String::from_utf8_lossy(&dry.stdout).into_owned();
+    assert!(out.contains("would remove tool/fs.read.d/policy:2: allow other_t tool:fs.read execute"), "{out}");
+    assert!(h.s.storage.join("agent/other").exists(), "a dry run changes nothing");
+    ok(&["agent", "rm", "other", "--yes", "--source", h.st()]);
+    assert_eq!(
+        fs::read_to_string(h.s.storage.join("tool/fs.read.d/policy")).unwrap(),
+        "allow boss_t tool:fs.read execute\n"
+    );
+}
