@@ -13,5 +13,6 @@
 //! It talks to `/ctx` as files and sockets and never links the server. Depends on `policy`.
 
 pub mod ring;
+pub mod seccomp;
 mod sys;
 pub mod term;

@@ -48,6 +48,13 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    // The PTY's master and the terminal socket are here: processes of the same uid (the agent's)
+    // may neither trace this one nor read its memory through /proc. The child, once it execs,
+    // is dumpable again.
+    if let Err(e) = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable) {
+        eprintln!("ctxterm: cannot make itself undumpable: {e}");
+        return ExitCode::from(70);
+    }
     let command = if cli.command.is_empty() { vec!["tsh".to_owned()] } else { cli.command };
     let opts = Options {
         socket: cli.socket,

@@ -395,11 +395,95 @@ fn a_child_cannot_take_a_label_that_policies_name_and_rm_names_the_lines_left() 
     let dry = ctx(&["agent", "rm", "other", "--source", h.st()]);
     assert!(dry.status.success(), "{}", text(&dry));
     let out = String::from_utf8_lossy(&dry.stdout).into_owned();
-    assert!(out.contains("would remove tool/fs.read.d/policy:2: allow other_t tool:fs.read execute"), "{out}");
+    assert!(
+        out.contains("would remove tool/fs.read.d/policy:2: allow other_t tool:fs.read execute"),
+        "{out}"
+    );
     assert!(h.s.storage.join("agent/other").exists(), "a dry run changes nothing");
     ok(&["agent", "rm", "other", "--yes", "--source", h.st()]);
     assert_eq!(
         fs::read_to_string(h.s.storage.join("tool/fs.read.d/policy")).unwrap(),
         "allow boss_t tool:fs.read execute\n"
     );
+}
+
+/// What the sandbox refuses, tried from inside: each line `name errno` (0: it worked).
+const SECCOMP_PROBE: &str = r#"
+import ctypes, os, errno
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(nr, *args):
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    return 0 if r >= 0 else ctypes.get_errno()
+term = [int(p) for p in os.listdir('/proc') if p.isdigit() and open('/proc/%s/comm' % p).read().strip() == 'ctxterm'][0]
+out = {}
+PTRACE_ATTACH = 16
+out['ptrace_ctxterm'] = call(101, PTRACE_ATTACH, term, 0, 0)
+out['ptrace_pid1'] = call(101, PTRACE_ATTACH, 1, 0, 0)
+buf = ctypes.create_string_buffer(64)
+class iovec(ctypes.Structure):
+    _fields_ = [('base', ctypes.c_void_p), ('len', ctypes.c_size_t)]
+local = iovec(ctypes.cast(buf, ctypes.c_void_p), 64)
+remote = iovec(0x400000, 64)
+out['process_vm_readv'] = call(310, term, ctypes.addressof(local), 1, ctypes.addressof(remote), 1, 0)
+try:
+    open('/proc/%d/mem' % term, 'rb').read(1); out['proc_mem_ctxterm'] = 0
+except OSError as e:
+    out['proc_mem_ctxterm'] = e.errno
+try:
+    open('/proc/%d/environ' % term, 'rb').read(); out['proc_environ_ctxterm'] = 0
+except OSError as e:
+    out['proc_environ_ctxterm'] = e.errno
+c = ctypes.c_char(b'x')
+fd = os.open('/dev/tty', os.O_RDWR)
+out['tiocsti'] = call(16, fd, 0x5412, ctypes.addressof(c))
+out['tiocsti_high_bits'] = call(16, fd, 0x5412 | (1 << 32), ctypes.addressof(c))
+out['keyctl'] = call(250, 0, 0, 0, 0)
+out['add_key'] = call(248, 0, 0, 0, 0, 0)
+out['bpf'] = call(321, 0, 0, 0)
+out['perf_event_open'] = call(298, 0, 0, -1, -1, 0)
+out['userfaultfd'] = call(323, 0)
+out['unshare_user'] = call(272, 0x10000000)
+out['unshare_mount'] = call(272, 0x00020000)
+out['mount'] = call(165, 0, 0, 0, 0, 0)
+out['x32_getpid'] = call(0x40000000 + 39)
+out['clone3'] = call(435, 0, 0)
+out['getpid'] = call(39)
+open('/workspace/sec', 'w').write(''.join('%s %d\n' % kv for kv in out.items()))
+"#;
+
+#[test]
+fn the_sandbox_cannot_trace_its_terminal_owner_or_reach_the_kernel_surface_it_has_no_use_for() {
+    let h = Host::new();
+    h.agent("probe", 3600, &[]);
+    let o = h
+        .start("probe", &session("p"), &["--wait"], &["/usr/bin/python3", "-c", SECCOMP_PROBE])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let sec = fs::read_to_string(h.work.join("sec")).unwrap();
+    let got: std::collections::HashMap<&str, i32> =
+        sec.lines().filter_map(|l| l.split_once(' ')).map(|(k, v)| (k, v.parse().unwrap())).collect();
+    for k in [
+        "ptrace_ctxterm",
+        "ptrace_pid1",
+        "process_vm_readv",
+        "tiocsti",
+        "tiocsti_high_bits",
+        "keyctl",
+        "add_key",
+        "bpf",
+        "perf_event_open",
+        "userfaultfd",
+        "unshare_user",
+        "mount",
+        "x32_getpid",
+    ] {
+        assert_eq!(got.get(k), Some(&libc::EPERM), "{k} is refused with EPERM: {sec}");
+    }
+    assert_eq!(got.get("clone3"), Some(&libc::ENOSYS), "{sec}");
+    for k in ["proc_mem_ctxterm", "proc_environ_ctxterm"] {
+        assert_ne!(got.get(k), Some(&0), "{k}: ctxterm's memory is not the agent's to read: {sec}");
+    }
+    assert_eq!(got.get("getpid"), Some(&0), "ordinary calls work: {sec}");
 }

@@ -556,7 +556,15 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     if c.network {
         cmd.args(["pasta", "--config-net", "--quiet", "--"]);
     }
+    // The seccomp filter reaches bwrap as descriptor 3, opened by a shell right before it execs
+    // bwrap (pasta, when it runs, closes the descriptors it inherits).
+    let filter = c.runtime.join("seccomp.bpf");
+    std::fs::write(&filter, ctxterm::seccomp::program()?)?;
+    cmd.args(["/bin/sh", "-c", "exec \"$@\" 3<\"$0\""]).arg(&filter);
     cmd.arg("bwrap").args([
+        "--seccomp",
+        "3",
+        "--disable-userns",
         "--die-with-parent",
         "--unshare-user",
         "--unshare-pid",
@@ -649,6 +657,7 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(c.runtime.join("term"));
     let _ = std::fs::remove_dir_all(c.runtime.join("receipt"));
     let _ = std::fs::remove_file(contract_file);
+    let _ = std::fs::remove_file(c.runtime.join("seccomp.bpf"));
     let _ = std::fs::remove_file(c.runtime.join("pid"));
     if let Ok(root) = cgroup_root() {
         let _ = std::fs::remove_dir(root.join(format!("{}.{}", c.agent, c.session)));
