@@ -19,8 +19,7 @@ use crate::{Error, Result, Tool, ToolInfo};
 
 /// The receipt socket inside a sandbox.
 pub const RECEIPT: &str = "/run/cortexfs/receipt/main.sock";
-/// Most bytes `agent.update` accepts.
-pub const UPDATE_MAX: usize = 8 * 1024;
+pub use policy::receipt::UPDATE_MAX;
 
 /// A draft 2020-12 object schema with the given members (from `"properties"` on).
 macro_rules! object_schema {

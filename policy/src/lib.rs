@@ -28,6 +28,7 @@ pub mod pack;
 pub mod package;
 pub mod path;
 pub mod problem;
+pub mod receipt;
 pub mod tshconf;
 pub mod v0;
 

@@ -487,3 +487,35 @@ fn the_sandbox_cannot_trace_its_terminal_owner_or_reach_the_kernel_surface_it_ha
     }
     assert_eq!(got.get("getpid"), Some(&0), "ordinary calls work: {sec}");
 }
+
+#[test]
+fn a_receipt_request_off_its_schema_is_refused_before_anything_runs() {
+    let h = Host::new();
+    h.agent("maker", 3700, &["--tool", "agent.create"]);
+    let policy = h.s.storage.join("agent/maker.d/policy");
+    let mut p = fs::read_to_string(&policy).unwrap();
+    p.push_str("allow maker_t agent:kid create\n");
+    fs::write(&policy, p).unwrap();
+    h.tool_policy("agent.create", &["maker_t".to_owned()]);
+    let script = format!(
+        "{}; {}; {}",
+        receipt_call(
+            r#"{"op":"agent.create","input":{"name":"kid","mounts":[["/tmp","/x","ro","--uid=0"]]}}"#,
+            "/workspace/four"
+        ),
+        receipt_call(
+            r#"{"op":"agent.create","input":{"name":"kid","label":"kid_t","uid":0}}"#,
+            "/workspace/uid"
+        ),
+        receipt_call(r#"{"op":"agent.create","input":{"name":"kid","tools":"fs.read"}}"#, "/workspace/type"),
+    );
+    let o = h.start("maker", &session("m"), &["--wait"], &["/bin/sh", "-c", &script]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    for f in ["four", "uid", "type"] {
+        let reply: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(h.work.join(f)).unwrap()).unwrap();
+        assert_eq!((reply["ok"].clone(), reply["code"].clone()), (false.into(), 2.into()), "{f}: {reply}");
+        assert!(reply["error"].as_str().unwrap().starts_with("EINVAL"), "{f}: {reply}");
+    }
+    assert!(!h.s.storage.join("agent/kid").exists(), "nothing was created");
+}

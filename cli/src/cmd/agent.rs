@@ -560,7 +560,42 @@ fn authority_of(storage: &Path, name: &str) -> anyhow::Result<Authority> {
     })
 }
 
-fn new(mut a: NewArgs) -> anyhow::Result<()> {
+fn new(a: NewArgs) -> anyhow::Result<()> {
+    let done = create(a)?;
+    out::line(done)
+}
+
+/// `agent.create` from the receipt socket: the child of `parent` that `c` describes, created
+/// as `ctx agent new --parent` would (the same checks, the same object), by a call, not a
+/// command. Returns what was created.
+pub fn create_child(storage: &Path, parent: &str, c: &policy::receipt::Create) -> anyhow::Result<String> {
+    let field = |what: &str, r: Result<String, String>| r.map_err(|e| invalid(format!("{what}: {e}")));
+    let a = NewArgs {
+        at: At { source: storage.to_path_buf() },
+        name: c.name.clone(),
+        label: c.label.clone().map(|l| field("label", parse_label(&l))).transpose()?,
+        models: c.models.iter().map(|m| field("model", parse_model(m))).collect::<anyhow::Result<_>>()?,
+        tools: c.tools.iter().map(|t| field("tool", parse_tool(t))).collect::<anyhow::Result<_>>()?,
+        shared: c
+            .shared
+            .spaces()
+            .map_err(invalid)?
+            .into_iter()
+            .map(|(name, write)| {
+                policy::name::validate(&name).map_err(|e| invalid(format!("shared space {name:?}: {e}")))?;
+                Ok(Shared { name, write })
+            })
+            .collect::<anyhow::Result<_>>()?,
+        mounts: c.mounts.iter().flatten().cloned().collect(),
+        uid: None,
+        gid: None,
+        groups: c.groups.clone(),
+        parent: Some(field("parent", parse_tool(parent))?),
+    };
+    create(a)
+}
+
+fn create(mut a: NewArgs) -> anyhow::Result<String> {
     let parent = match &a.parent {
         Some(p) => {
             let auth = authority_of(&a.at.source, p)?;
@@ -682,10 +717,10 @@ fn new(mut a: NewArgs) -> anyhow::Result<()> {
     });
     let _ = std::fs::remove_dir_all(&stage);
     let done = done?;
-    for p in &done.cleared {
-        out::line(format_args!("cleared residue {}", p.display()))?;
-    }
-    out::line(format_args!("created agent/{name} (label {label}, uid {})", a.uid.unwrap_or(NOBODY)))
+    let mut said: Vec<String> =
+        done.cleared.iter().map(|p| format!("cleared residue {}", p.display())).collect();
+    said.push(format!("created agent/{name} (label {label}, uid {})", a.uid.unwrap_or(NOBODY)));
+    Ok(said.join("\n"))
 }
 
 fn ls(storage: &Path, json: bool) -> anyhow::Result<()> {

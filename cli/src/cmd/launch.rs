@@ -410,9 +410,9 @@ fn contract(s: &Start) -> anyhow::Result<Contract> {
     })
 }
 
-/// Runs `ctx agent start`.
-pub fn start(s: Start) -> anyhow::Result<()> {
-    let c = contract(&s)?;
+/// Prepares the run of `s` and starts its supervisor; returns the contract and the supervisor.
+fn spawn(s: &Start) -> anyhow::Result<(Contract, std::process::Child)> {
+    let c = contract(s)?;
     if let Some(pid) = supervisor(&c.runtime) {
         return Err(Exit::new(
             exit::FAILURE,
@@ -465,7 +465,7 @@ pub fn start(s: Start) -> anyhow::Result<()> {
     let contract_file = c.runtime.join("contract.json");
     private(&contract_file)?.write_all(&serde_json::to_vec_pretty(&c)?)?;
     let log = private(&c.runtime.join("log"))?;
-    let mut child = Command::new(std::env::current_exe()?)
+    let child = Command::new(std::env::current_exe()?)
         .args(["agent", "supervise"])
         .arg(&contract_file)
         .stdin(Stdio::null())
@@ -474,29 +474,35 @@ pub fn start(s: Start) -> anyhow::Result<()> {
         .process_group(0)
         .spawn()?;
     std::fs::write(c.runtime.join("pid"), child.id().to_string())?;
-    let sock = term.join("main.sock");
+    Ok((c, child))
+}
+
+/// How a run's terminal came up.
+enum Ready {
+    /// It answers; with `wait`, this client is its first watcher.
+    Up(Option<std::os::unix::net::UnixStream>),
+    /// The supervisor ended before the terminal answered, with the terminal's status if any.
+    Ended(Option<u8>),
+}
+
+/// Waits until the terminal of the run `c` answers on its socket, or its supervisor ends.
+fn ready(c: &Contract, child: &mut std::process::Child, wait: bool) -> anyhow::Result<Ready> {
+    let sock = c.runtime.join("term/main.sock");
     let t = Instant::now();
-    let watcher = loop {
+    loop {
         if let Ok(mut conn) = std::os::unix::net::UnixStream::connect(&sock) {
-            if s.wait {
+            if wait {
                 // The terminal waits for this first client: all of its output is shown here.
                 conn.write_all(b"watch\n")?;
-                break Some(conn);
+                return Ok(Ready::Up(Some(conn)));
             }
-            break None;
+            return Ok(Ready::Up(None));
         }
         if let Ok(Some(_)) = child.try_wait() {
             // Ended before we saw its socket: a short command, or a sandbox that could not start.
-            let code: Option<u8> =
+            let code =
                 std::fs::read_to_string(c.runtime.join("exit")).ok().and_then(|t| t.trim().parse().ok());
-            return match code {
-                Some(0) if s.wait => Ok(()),
-                Some(code) if s.wait => Err(Exit::quiet(code).into()),
-                _ => {
-                    let log = std::fs::read_to_string(c.runtime.join("log")).unwrap_or_default();
-                    Err(Exit::new(exit::FAILURE, format!("the terminal ended at once:\n{log}")).into())
-                }
-            };
+            return Ok(Ready::Ended(code));
         }
         if t.elapsed() > Duration::from_secs(15) {
             return Err(Exit::new(
@@ -506,6 +512,33 @@ pub fn start(s: Start) -> anyhow::Result<()> {
             .into());
         }
         std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn ended_at_once(c: &Contract) -> anyhow::Error {
+    let log = std::fs::read_to_string(c.runtime.join("log")).unwrap_or_default();
+    Exit::new(exit::FAILURE, format!("the terminal ended at once:\n{log}")).into()
+}
+
+/// Starts the run of `s` for the receipt server (`agent.start`): returns its supervisor, a
+/// child of the caller's, once the terminal answers.
+pub fn start_owned(s: &Start) -> anyhow::Result<std::process::Child> {
+    let (c, mut child) = spawn(s)?;
+    match ready(&c, &mut child, false)? {
+        Ready::Up(_) | Ready::Ended(Some(0)) => Ok(child),
+        Ready::Ended(_) => Err(ended_at_once(&c)),
+    }
+}
+
+/// Runs `ctx agent start`.
+pub fn start(s: Start) -> anyhow::Result<()> {
+    let (c, mut child) = spawn(&s)?;
+    let sock = c.runtime.join("term/main.sock");
+    let watcher = match ready(&c, &mut child, s.wait)? {
+        Ready::Up(w) => w,
+        Ready::Ended(Some(0)) if s.wait => return Ok(()),
+        Ready::Ended(Some(code)) if s.wait => return Err(Exit::quiet(code).into()),
+        Ready::Ended(_) => return Err(ended_at_once(&c)),
     };
     if let Some(mut conn) = watcher {
         let _ = std::io::copy(&mut conn, &mut std::io::stdout());
@@ -646,7 +679,12 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     let code = tsh::run::code_of(status);
     // Owned children go with their parent; their history stays.
     run.reap(&children);
-    let owned: Vec<(String, String)> = children.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let owned: Vec<(String, String)> = children
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|o| (o.agent.clone(), o.session.clone()))
+        .collect();
     for (child, session) in owned {
         run.cancel(&child, &session);
     }

@@ -6,7 +6,9 @@
 //! arrives there is the caller's agent, session and run: requests never name the caller, so an
 //! agent cannot act as another. One JSON line in, one out: `{"op":..,"input":{..}}` ->
 //! `{"ok":true,"message":..}` or `{"ok":false,"code":N,"error":..}` (codes: 2 invalid, 13
-//! refused, 1 failed).
+//! refused, 1 failed). Every request is checked whole against its type
+//! ([`policy::receipt::Request`]) before anything runs, and served by calls into this program,
+//! never by running a command built from it.
 //!
 //! Children started here are owned: recorded under the caller's session in
 //! `context/child/<child>.<session>/` (`agent session status handoff.md result.md refs.jsonl
@@ -16,16 +18,13 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 
+use policy::receipt::{Create, Request, SELF_UPDATABLE, StartChild, StopChild, UPDATE_MAX, Update};
 use policy::v0::{Class, Permission, Policy, Query};
 use serde_json::{Value, json};
 
-/// The two controls an agent may replace in itself.
-pub const SELF_UPDATABLE: &[&str] = &["system.md", "prompt.template.md"];
-/// Most bytes `agent.update` accepts.
-pub const UPDATE_MAX: usize = 8 * 1024;
+use crate::exit::Exit;
 
 /// Who the run is, and where things are.
 #[derive(Clone, Debug)]
@@ -44,8 +43,25 @@ pub struct Run {
     pub workspace: Option<PathBuf>,
 }
 
-/// An owned child: agent and session.
-pub type Children = Arc<Mutex<Vec<(String, String)>>>;
+/// A child this run started: agent, session and its supervisor (a child process of this one,
+/// reaped when it ends).
+#[derive(Debug)]
+pub struct Owned {
+    /// The child agent.
+    pub agent: String,
+    /// Its session.
+    pub session: String,
+    supervisor: Option<std::process::Child>,
+}
+
+/// The children a run started.
+pub type Children = Arc<Mutex<Vec<Owned>>>;
+
+/// The reply to a failed call, with the exit code it carries.
+fn failed(e: &anyhow::Error) -> Value {
+    let code = e.downcast_ref::<Exit>().map_or(1, |x| x.code);
+    refuse(i32::from(code), format!("{e:#}").trim_start_matches("ctx: ").to_owned())
+}
 
 fn refuse(code: i32, error: impl Into<String>) -> Value {
     json!({"ok": false, "code": code, "error": error.into()})
@@ -94,25 +110,9 @@ impl Run {
             .map_err(|e| format!("the call was not recorded: {}: {e}", path.display()))
     }
 
-    fn ctx_cmd(&self, args: &[String]) -> (i32, String, String) {
-        let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("ctx"));
-        match Command::new(exe).args(args).stdin(std::process::Stdio::null()).output() {
-            Ok(o) => (
-                o.status.code().unwrap_or(1),
-                String::from_utf8_lossy(&o.stdout).trim().to_owned(),
-                String::from_utf8_lossy(&o.stderr).trim().trim_start_matches("ctx: ").to_owned(),
-            ),
-            Err(e) => (70, String::new(), e.to_string()),
-        }
-    }
-
-    fn reply(&self, (code, out, err): (i32, String, String)) -> Value {
-        if code == 0 { json!({"ok": true, "message": out}) } else { refuse(code, err) }
-    }
-
-    fn update(&self, input: &Value) -> Value {
-        let control = input["control"].as_str().unwrap_or("");
-        let content = input["content"].as_str().unwrap_or("");
+    fn update(&self, u: &Update) -> Value {
+        let control = u.control.as_str();
+        let content = u.content.as_str();
         let ts = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
         let base =
             json!({"ts": ts, "agent": self.agent, "session": self.session, "object": "tool/agent.update"});
@@ -124,19 +124,7 @@ impl Run {
         if let Err(e) = self.event(call) {
             return refuse(1, e);
         }
-        let unknown: Vec<&String> = input
-            .as_object()
-            .map(|o| o.keys().filter(|k| !matches!(k.as_str(), "control" | "content")).collect())
-            .unwrap_or_default();
-        let result = if !unknown.is_empty() {
-            refuse(
-                2,
-                format!(
-                    "EINVAL: unknown field {:?} (a request is always about the caller itself)",
-                    unknown[0]
-                ),
-            )
-        } else if !SELF_UPDATABLE.contains(&control) {
+        let result = if !SELF_UPDATABLE.contains(&control) {
             refuse(
                 2,
                 format!("EINVAL: {control:?} is not self-updatable (only system.md and prompt.template.md)"),
@@ -170,45 +158,22 @@ impl Run {
         }
     }
 
-    fn create(&self, input: &Value) -> Value {
-        let Some(name) = input["name"].as_str() else { return refuse(2, "name is required") };
+    fn create(&self, c: &Create) -> Value {
         let Some(storage) = self.storage() else {
             return refuse(69, "cannot find the storage in /ctx/status");
         };
-        let mut args: Vec<String> =
-            ["agent", "new", name, "--parent", &self.agent, "--source", &storage].map(str::to_owned).to_vec();
-        if let Some(l) = input["label"].as_str() {
-            args.extend(["--label".into(), l.into()]);
+        match crate::cmd::agent::create_child(Path::new(&storage), &self.agent, c) {
+            Ok(message) => json!({"ok": true, "message": message}),
+            Err(e) => failed(&e),
         }
-        for (key, flag) in [("tools", "--tool"), ("models", "--model"), ("shared", "--shared")] {
-            for v in input[key].as_array().into_iter().flatten().filter_map(Value::as_str) {
-                args.extend([flag.into(), v.into()]);
-            }
-        }
-        for m in input["mounts"].as_array().into_iter().flatten() {
-            let parts: Vec<&str> = m.as_array().into_iter().flatten().filter_map(Value::as_str).collect();
-            args.push("--mount".into());
-            args.extend(parts.iter().map(|p| (*p).to_owned()));
-        }
-        let groups: Vec<String> = input["groups"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_u64)
-            .map(|g| g.to_string())
-            .collect();
-        if !groups.is_empty() {
-            args.extend(["--groups".into(), groups.join(",")]);
-        }
-        self.reply(self.ctx_cmd(&args))
     }
 
     fn child_dir(&self, child: &str, session: &str) -> PathBuf {
         self.session_dir().join("context").join("child").join(format!("{child}.{session}"))
     }
 
-    fn start(&self, input: &Value, children: &Children) -> Value {
-        let Some(child) = input["name"].as_str() else { return refuse(2, "name is required") };
+    fn start(&self, input: &StartChild, children: &Children) -> Value {
+        let child = input.name.as_str();
         if !self.may(child, Permission::Start) {
             return refuse(13, format!("the caller's policy does not allow agent:{child} start"));
         }
@@ -221,9 +186,7 @@ impl Run {
                 format!("agent/{child} is not a child of agent/{} (its parent control)", self.agent),
             );
         }
-        let session = input["session"]
-            .as_str()
-            .map_or_else(|| format!("{}.{}", self.agent, self.session), str::to_owned);
+        let session = input.session.clone().unwrap_or_else(|| format!("{}.{}", self.agent, self.session));
         for (what, v) in [("name", child), ("session", session.as_str())] {
             if let Err(e) = policy::name::validate(v) {
                 return refuse(2, format!("EINVAL: {what} {v:?}: {e}"));
@@ -235,48 +198,44 @@ impl Run {
             std::fs::write(dir.join("agent"), format!("{child}\n"))?;
             std::fs::write(dir.join("session"), format!("{session}\n"))?;
             std::fs::write(dir.join("status"), "pending\n")?;
-            std::fs::write(dir.join("handoff.md"), input["handoff"].as_str().unwrap_or(""))?;
+            std::fs::write(dir.join("handoff.md"), input.handoff.as_deref().unwrap_or(""))?;
             std::fs::write(dir.join("result.md"), "")?;
             std::fs::write(dir.join("refs.jsonl"), "")
         };
         if let Err(e) = record() {
             return refuse(1, format!("{}: {e}", dir.display()));
         }
-        let mut args: Vec<String> =
-            vec!["agent".into(), "start".into(), child.into(), "--session".into(), session.clone()];
-        args.extend([
-            "--ctx".into(),
-            self.ctx.display().to_string(),
-            "--control".into(),
-            self.control.display().to_string(),
-        ]);
-        match &self.workspace {
-            Some(w) => args.extend(["--cwd".into(), w.display().to_string()]),
-            None => args.push("--no-default-workspace".into()),
+        let started = crate::cmd::launch::start_owned(&crate::cmd::launch::Start {
+            agent: child.to_owned(),
+            session: session.clone(),
+            cwd: self.workspace.clone(),
+            mounts: Vec::new(),
+            no_workspace: self.workspace.is_none(),
+            cmd: input.cmd.clone(),
+            profile: None,
+            memory: None,
+            pids: None,
+            ctx: self.ctx.clone(),
+            control: self.control.clone(),
+            wait: false,
+            grace: 5,
+        });
+        let _ = std::fs::write(dir.join("status"), if started.is_ok() { "active\n" } else { "error\n" });
+        match started {
+            Ok(supervisor) => {
+                children.lock().unwrap_or_else(|p| p.into_inner()).push(Owned {
+                    agent: child.to_owned(),
+                    session: session.clone(),
+                    supervisor: Some(supervisor),
+                });
+                json!({"ok": true, "message": format!("started agent {child} session {session}")})
+            }
+            Err(e) => failed(&e),
         }
-        let cmd: Vec<String> = input["cmd"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .map(str::to_owned)
-            .collect();
-        if !cmd.is_empty() {
-            args.push("--".into());
-            args.extend(cmd);
-        }
-        let r = self.ctx_cmd(&args);
-        let ok = r.0 == 0;
-        let _ = std::fs::write(dir.join("status"), if ok { "active\n" } else { "error\n" });
-        if ok {
-            children.lock().unwrap_or_else(|p| p.into_inner()).push((child.to_owned(), session.clone()));
-            return json!({"ok": true, "message": format!("started agent {child} session {session}")});
-        }
-        self.reply(r)
     }
 
-    fn stop(&self, input: &Value, children: &Children) -> Value {
-        let Some(child) = input["name"].as_str() else { return refuse(2, "name is required") };
+    fn stop(&self, input: &StopChild, children: &Children) -> Value {
+        let child = input.name.as_str();
         if !self.may(child, Permission::Stop) {
             return refuse(13, format!("the caller's policy does not allow agent:{child} stop"));
         }
@@ -284,8 +243,8 @@ impl Run {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .filter(|(c, s)| c == child && input["session"].as_str().is_none_or(|want| want == s))
-            .cloned()
+            .filter(|o| o.agent == child && input.session.as_deref().is_none_or(|want| want == o.session))
+            .map(|o| (o.agent.clone(), o.session.clone()))
             .collect();
         if owned.is_empty() {
             return refuse(1, format!("this run started no running agent {child}"));
@@ -303,14 +262,20 @@ impl Run {
         if matches!(status.trim(), "done" | "error" | "cancelled") {
             return;
         }
-        let _ =
-            self.ctx_cmd(&["agent".into(), "stop".into(), child.into(), "--session".into(), session.into()]);
+        if let Err(e) = crate::cmd::launch::stop(child, session) {
+            eprintln!("ctx: stopping agent {child} session {session}: {e:#}");
+        }
         let _ = std::fs::write(dir.join("status"), "cancelled\n");
     }
 
     /// Records the end of children that finished on their own: `done` (status 0) or `error`.
     pub fn reap(&self, children: &Children) {
-        for (child, session) in children.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        for o in children.lock().unwrap_or_else(|p| p.into_inner()).iter_mut() {
+            // A supervisor that ended is waited for: no zombie stays.
+            if o.supervisor.as_mut().is_some_and(|s| s.try_wait().is_ok_and(|st| st.is_some())) {
+                o.supervisor = None;
+            }
+            let (child, session) = (&o.agent, &o.session);
             let dir = self.child_dir(child, session);
             let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
             if status.trim() != "active" {
@@ -346,20 +311,15 @@ impl Run {
         Ok(())
     }
 
-    fn handle(&self, req: &Value, children: &Children) -> Value {
-        let input = &req["input"];
-        if let Some(op) = req["op"].as_str()
-            && op.starts_with("agent.")
-            && let Err(refused) = self.may_run(op)
-        {
+    fn handle(&self, req: &Request, children: &Children) -> Value {
+        if let Err(refused) = self.may_run(req.tool()) {
             return refused;
         }
-        match req["op"].as_str() {
-            Some("agent.update") => self.update(input),
-            Some("agent.create") => self.create(input),
-            Some("agent.start") => self.start(input, children),
-            Some("agent.stop") => self.stop(input, children),
-            other => refuse(2, format!("unknown request {other:?}")),
+        match req {
+            Request::Update(u) => self.update(u),
+            Request::Create(c) => self.create(c),
+            Request::Start(s) => self.start(s, children),
+            Request::Stop(s) => self.stop(s, children),
         }
     }
 }
@@ -367,12 +327,13 @@ impl Run {
 fn serve_one(run: &Run, stream: UnixStream, children: &Children) {
     let Ok(mut w) = stream.try_clone() else { return };
     let mut line = String::new();
-    if BufReader::new(stream.take(256 * 1024)).read_line(&mut line).is_err() {
+    if BufReader::new(stream.take(policy::receipt::REQUEST_MAX as u64)).read_line(&mut line).is_err() {
         return;
     }
-    let reply = match serde_json::from_str::<Value>(&line) {
+    // Checked whole before anything runs (EINVAL: a request is always about the caller itself).
+    let reply = match Request::parse(line.trim_end().as_bytes()) {
         Ok(req) => run.handle(&req, children),
-        Err(e) => refuse(2, format!("not a JSON request: {e}")),
+        Err(e) => refuse(2, format!("EINVAL: {e}")),
     };
     let mut line = reply.to_string();
     line.push('\n');
