@@ -153,6 +153,8 @@ fn main() {
         "b1",
         "--path",
         &view.to_string_lossy(),
+        "--workspace",
+        &work.to_string_lossy(),
         "--control",
         &m.control.to_string_lossy(),
     ]);

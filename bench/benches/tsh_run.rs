@@ -49,13 +49,15 @@ fn main() {
     fs::write(storage.join("agent/bench.d/policy"), "allow bench_t tool:fs.stat execute\n").expect("policy");
     fs::create_dir_all(storage.join("home/0")).expect("home");
     let view = dir.path().join("view");
+    let work = dir.path().join("work");
     ok(Command::new(bins.join("ctx"))
         .args(["view", "create", "--agent", "bench", "--session", "b1", "--path"])
         .arg(&view)
+        .arg("--workspace")
+        .arg(&work)
         .arg("--control")
         .arg(&control)
         .stdout(Stdio::null()));
-    let work = dir.path().join("work");
     fs::create_dir_all(&work).expect("work");
     fs::write(work.join("x"), "x").expect("x");
     let native = dir.path().join("native");

@@ -118,6 +118,9 @@ pub enum Error {
     /// The command ran out of time and was killed (exit 124).
     #[error("timed out after {0} ms")]
     Timeout(u64),
+    /// What the tool needs is not there, e.g. a run without a workspace (exit 69).
+    #[error("{0}")]
+    Unavailable(String),
     /// Something that should not fail did (exit 70).
     #[error("{0}")]
     Internal(String),
@@ -133,7 +136,7 @@ fn join(errors: &[ConfError]) -> String {
 impl Error {
     /// The exit status this error stands for.
     pub fn exit_code(&self) -> i32 {
-        use policy::exit::{DENIED, FAILURE, INTERNAL, INVALID, OK};
+        use policy::exit::{DENIED, FAILURE, INTERNAL, INVALID, OK, UNAVAILABLE};
         match self {
             Error::Invalid(_) => INVALID.into(),
             Error::Escape(_) => DENIED.into(),
@@ -144,6 +147,7 @@ impl Error {
             Error::Spawn { source, .. } if source.kind() == io::ErrorKind::NotFound => 127,
             Error::Spawn { .. } => 126,
             Error::Timeout(_) => 124,
+            Error::Unavailable(_) => UNAVAILABLE.into(),
             Error::Internal(_) => INTERNAL.into(),
         }
     }

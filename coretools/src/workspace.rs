@@ -1,4 +1,7 @@
-//! The workspace: `CTX_WORKSPACE`, else `/workspace` when it exists, else the current directory.
+//! The workspace. In an agent's run (`/ctx/status` or `$CTX_ROOT/status` is an agent's view) it
+//! is the run's, as the view's `status` names it, whatever the environment says: a variable
+//! the agent can set never chooses what a tool may touch; a run without a workspace has none.
+//! For people: `CTX_WORKSPACE`, else `/workspace` when it exists, else the current directory.
 //! Paths are taken relative to it (absolute ones must lie under it) and opened with
 //! `openat2(RESOLVE_BENEATH)` from a descriptor of it, so neither `..` nor a symlink can leave it.
 
@@ -24,6 +27,14 @@ pub(crate) struct Workspace {
 impl Workspace {
     /// The workspace directory, absolute.
     fn root() -> Result<PathBuf> {
+        let roots = [env::var_os("CTX_ROOT").map(PathBuf::from), Some(PathBuf::from("/ctx"))];
+        for root in roots.into_iter().flatten() {
+            let Ok(status) = std::fs::read_to_string(root.join("status")) else { continue };
+            if let Ok(policy::status::View::Agent { name, workspace, .. }) = policy::status::view(&status) {
+                return workspace
+                    .ok_or_else(|| Error::Unavailable(format!("the run of agent {name} has no workspace")));
+            }
+        }
         let cwd = || env::current_dir().map_err(|e| Error::io("current directory", e));
         match env::var_os("CTX_WORKSPACE").filter(|v| !v.is_empty()) {
             Some(v) if Path::new(&v).is_absolute() => Ok(v.into()),

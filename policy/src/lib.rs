@@ -29,6 +29,7 @@ pub mod package;
 pub mod path;
 pub mod problem;
 pub mod receipt;
+pub mod status;
 pub mod tshconf;
 pub mod v0;
 

@@ -97,7 +97,13 @@ impl Views {
         self.views.lock().map_or(0, |v| v.len())
     }
 
-    fn create(&self, agent: &str, session: &str, path: Option<&str>) -> Result<PathBuf, String> {
+    fn create(
+        &self,
+        agent: &str,
+        session: &str,
+        path: Option<&str>,
+        workspace: Option<&str>,
+    ) -> Result<PathBuf, String> {
         policy::name::validate(agent).map_err(|e| format!("invalid agent name {agent:?}: {e}"))?;
         policy::name::validate(session).map_err(|e| format!("invalid session name {session:?}: {e}"))?;
         let path = match path {
@@ -131,7 +137,14 @@ impl Views {
             }
         }
         std::fs::create_dir_all(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let spec = ViewSpec { agent: agent.to_owned(), session: session.to_owned() };
+        let workspace = match workspace {
+            Some(w) => {
+                policy::path::check_absolute(w).map_err(|e| format!("workspace: {e}"))?;
+                Some(PathBuf::from(w))
+            }
+            None => None,
+        };
+        let spec = ViewSpec { agent: agent.to_owned(), session: session.to_owned(), workspace };
         let mut fs = CtxFs::new(Config { view: Some(spec.clone()), ..self.base.clone() })
             .map_err(|e| format!("opening storage: {e}"))?;
         if self.cache.load(Ordering::Relaxed) {
@@ -191,7 +204,9 @@ impl Views {
         let s = |k: &str| req.get(k).and_then(Value::as_str);
         let r = match s("op") {
             Some("create") => match (s("agent"), s("session")) {
-                (Some(a), Some(se)) => self.create(a, se, s("path")).map(|p| json!({"ok": true, "path": p})),
+                (Some(a), Some(se)) => {
+                    self.create(a, se, s("path"), s("workspace")).map(|p| json!({"ok": true, "path": p}))
+                }
                 _ => Err("create needs agent and session".to_owned()),
             },
             Some("rm") => match s("path") {

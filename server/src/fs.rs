@@ -689,7 +689,12 @@ impl CtxFs {
         s.push_str(&format!("views {}\n", self.view_count.load(Ordering::Relaxed)));
         match &self.view {
             None => s.push_str("view host\n"),
-            Some(a) => s.push_str(&format!("view agent {} session {}\n", a.spec().agent, a.spec().session)),
+            Some(a) => {
+                s.push_str(&format!("view agent {} session {}\n", a.spec().agent, a.spec().session));
+                if let Some(w) = &a.spec().workspace {
+                    s.push_str(&format!("workspace {}\n", w.display()));
+                }
+            }
         }
         s.push_str(&format!("requests {total}\n"));
         for (op, c) in OPS.iter().zip(&self.stats.ops) {

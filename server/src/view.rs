@@ -32,6 +32,8 @@ pub struct ViewSpec {
     pub agent: String,
     /// The session.
     pub session: String,
+    /// The run's workspace as its sandbox sees it (`workspace` in `status`), if it has one.
+    pub workspace: Option<PathBuf>,
 }
 
 /// Access to a shared space.

@@ -76,8 +76,20 @@ impl Served {
     /// Mounts a view of `agent` (session `session`) at `path` through the daemon's control
     /// socket; panics with the command's output if it fails.
     pub fn view(&self, agent: &str, session: &str, path: &Path) {
-        let out = Command::new(crate::bin("ctx"))
-            .args(["view", "create", "--agent", agent, "--session", session, "--path"])
+        self.view_in(agent, session, path, None);
+    }
+
+    /// Like [`Served::view`], for a run whose workspace is `workspace` (the view's `status`
+    /// names it, and the core tools work there).
+    pub fn view_in(&self, agent: &str, session: &str, path: &Path, workspace: Option<&Path>) {
+        let mut cmd = Command::new(crate::bin("ctx"));
+        if let Some(w) = workspace {
+            cmd.arg("view").arg("create").arg("--workspace").arg(w);
+        } else {
+            cmd.args(["view", "create"]);
+        }
+        let out = cmd
+            .args(["--agent", agent, "--session", session, "--path"])
             .arg(path)
             .arg("--control")
             .arg(&self.control)

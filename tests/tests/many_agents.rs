@@ -519,3 +519,36 @@ fn a_receipt_request_off_its_schema_is_refused_before_anything_runs() {
     }
     assert!(!h.s.storage.join("agent/kid").exists(), "nothing was created");
 }
+
+#[test]
+fn tools_work_in_the_runs_workspace_whatever_the_agents_environment_says() {
+    let h = Host::new();
+    h.agent("reader", 3800, &["--tool", "fs.read"]);
+    h.tool_policy("fs.read", &["reader_t".to_owned()]);
+    let host = fs::read_to_string("/etc/hostname").unwrap();
+    let script = "cd /workspace; \
+        CTX_WORKSPACE=/etc /ctx/bin/tsh fs.read hostname > env.out 2>&1; echo $? > env.code; \
+        mkdir -p /tmp/fake; echo 'view host' > /tmp/fake/status; \
+        CTX_WORKSPACE=/etc CTX_ROOT=/tmp/fake /ctx/tool/fs.read hostname > direct.out 2>&1; echo $? > direct.code; \
+        /ctx/bin/tsh fs.read a.txt > own.out 2>&1";
+    let o = h.start("reader", &session("w"), &["--wait"], &["/bin/sh", "-c", script]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let read = |f: &str| fs::read_to_string(h.work.join(f)).unwrap_or_default();
+    for f in ["env", "direct"] {
+        assert_ne!(read(&format!("{f}.code")).trim(), "0", "{f}: {}", read(&format!("{f}.out")));
+        assert!(!read(&format!("{f}.out")).contains(host.trim()), "{f}: a host file was read");
+    }
+    assert!(read("own.out").contains("hello"), "the run's workspace works: {}", read("own.out"));
+    // A run without a workspace has none to offer its tools.
+    let o = h
+        .start(
+            "reader",
+            &session("nw"),
+            &["--wait", "--no-default-workspace"],
+            &["/bin/sh", "-c", "CTX_WORKSPACE=/etc /ctx/bin/tsh fs.read hostname"],
+        )
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(69), "{}", text(&o));
+    assert!(!String::from_utf8_lossy(&o.stdout).contains(host.trim()));
+}

@@ -110,7 +110,7 @@ fn filesystem_tools_are_projected_installed_and_called_through_tsh() {
     let grants: String = tools.iter().map(|t| format!("allow coder_t tool:{t} execute\n")).collect();
     fs::write(st.join("agent/coder.d/policy"), grants).unwrap();
     let view = s.dir.path().join("view");
-    s.view("coder", "s1", &view);
+    s.view_in("coder", "s1", &view, Some(&work));
     let tsh = |args: &[&str], stdin: Option<&str>| {
         let mut c = Command::new(tests::bin("tsh"));
         c.args(args)

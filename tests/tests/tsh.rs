@@ -72,7 +72,7 @@ impl World {
         fs::create_dir_all(&work).unwrap();
         fs::write(work.join("f.txt"), "hello\n").unwrap();
         let view = s.dir.path().join("view");
-        s.view("coder", "s1", &view);
+        s.view_in("coder", "s1", &view, Some(&work));
         World { s, view, work, host_bin }
     }
 

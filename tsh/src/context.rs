@@ -50,25 +50,18 @@ pub struct Context {
     pub path: Vec<PathBuf>,
     /// Where `path` came from.
     pub source: PathSource,
-    /// `CTX_WORKSPACE`, passed on to tools.
+    /// The workspace passed on to tools (`CTX_WORKSPACE`): in an agent terminal the run's
+    /// (the view's `status`), whatever the environment says; for people, `CTX_WORKSPACE`.
     pub workspace: Option<OsString>,
 }
 
 /// The identity line of a `/ctx/status` file: `Some(agent)` for an agent's view, `None` for the
 /// host view.
 pub fn view_of(status: &str) -> Result<Option<Agent>, String> {
-    for line in status.lines() {
-        let Some(rest) = line.strip_prefix("view ") else { continue };
-        if rest == "host" {
-            return Ok(None);
-        }
-        let w: Vec<&str> = rest.split(' ').collect();
-        if let ["agent", name, "session", session] = w.as_slice() {
-            return Ok(Some(Agent { name: (*name).to_owned(), session: (*session).to_owned() }));
-        }
-        return Err(format!("unexpected status line {line:?}"));
+    match policy::status::view(status)? {
+        policy::status::View::Host => Ok(None),
+        policy::status::View::Agent { name, session, .. } => Ok(Some(Agent { name, session })),
     }
-    Err("no view line (is this a CortexFS mount?)".into())
 }
 
 fn var(name: &str) -> Option<String> {
@@ -85,11 +78,16 @@ impl Context {
         let root = PathBuf::from(var("CTX_ROOT").unwrap_or_else(|| "/ctx".into()));
         let uid = rustix::process::getuid().as_raw();
         let home = var("CTX_HOME").map_or_else(|| root.join("home").join(uid.to_string()), PathBuf::from);
-        let agent = match std::fs::read_to_string(root.join("status")) {
-            Ok(s) => view_of(&s)
+        let status = std::fs::read_to_string(root.join("status")).ok();
+        let agent = match &status {
+            Some(s) => view_of(s)
                 .map_err(|e| Fail::Unavailable(format!("{}: {e}", root.join("status").display())))?,
             // No CortexFS here: a person can still list what CTX_PATH holds.
-            Err(_) => None,
+            None => None,
+        };
+        let workspace = match (&agent, status.as_deref()) {
+            (Some(_), Some(s)) => policy::status::field(s, "workspace").map(OsString::from),
+            _ => std::env::var_os("CTX_WORKSPACE"),
         };
         if let Some(a) = &agent {
             for (var_name, want) in [("CTX_AGENT", &a.name), ("CTX_SESSION", &a.session)] {
@@ -128,7 +126,7 @@ impl Context {
                 Err(_) => Self::env_or_default(parse_env, default)?,
             }
         };
-        Ok(Context { root, home, agent, path, source, workspace: std::env::var_os("CTX_WORKSPACE") })
+        Ok(Context { root, home, agent, path, source, workspace })
     }
 
     fn env_or_default(

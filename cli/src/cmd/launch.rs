@@ -454,7 +454,14 @@ fn spawn(s: &Start) -> anyhow::Result<(Contract, std::process::Child)> {
     }
     crate::cmd::view::call(
         &c.control,
-        json!({"op": "create", "agent": c.agent, "session": c.session, "path": c.view}),
+        json!({
+            "op": "create",
+            "agent": c.agent,
+            "session": c.session,
+            "path": c.view,
+            // What the run's tools may touch comes from here, never from the agent's environment.
+            "workspace": c.workspace.as_ref().map(|_| "/workspace"),
+        }),
     )?;
     // Run state is root's: the contract names the command line, which other users have no
     // business reading; it goes when the run ends.

@@ -91,7 +91,7 @@ fn run_virtiofs(a: &Args, socket: &Path) -> anyhow::Result<()> {
                 )
                 .into());
             }
-            Some(server::ViewSpec { agent: agent.clone(), session: session.clone() })
+            Some(server::ViewSpec { agent: agent.clone(), session: session.clone(), workspace: None })
         }
         _ => None,
     };

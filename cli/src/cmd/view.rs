@@ -22,6 +22,10 @@ pub enum Cmd {
         /// Where to mount it (default /run/cortexfs/view/AGENT/SESSION).
         #[arg(long)]
         path: Option<PathBuf>,
+        /// The run's workspace, as the agent sees it (shown as `workspace` in the view's
+        /// status): the directory the core tools work in. Without it they have none.
+        #[arg(long)]
+        workspace: Option<PathBuf>,
         /// The daemon's control socket.
         #[arg(long, default_value = server::control::DEFAULT_SOCKET)]
         control: PathBuf,
@@ -66,9 +70,11 @@ pub fn call(control: &std::path::Path, req: serde_json::Value) -> anyhow::Result
 /// Runs the command.
 pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
-        Cmd::Create { agent, session, path, control } => {
-            let r =
-                call(&control, json!({"op": "create", "agent": agent, "session": session, "path": path}))?;
+        Cmd::Create { agent, session, path, workspace, control } => {
+            let r = call(
+                &control,
+                json!({"op": "create", "agent": agent, "session": session, "path": path, "workspace": workspace}),
+            )?;
             out::line(r["path"].as_str().unwrap_or(""))
         }
         Cmd::Ls { json, control } => {
