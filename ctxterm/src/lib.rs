@@ -12,6 +12,7 @@
 //!
 //! It talks to `/ctx` as files and sockets and never links the server. Depends on `policy`.
 
+pub mod cgroups;
 pub mod ring;
 pub mod seccomp;
 mod sys;

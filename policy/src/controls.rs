@@ -71,6 +71,8 @@ const AGENT_HOST: &[&str] = &[
     "abi",
     "approval",
     "meta.json",
+    // CortexFS's own: the run's resource ceilings (see crate::limits).
+    "limits",
 ];
 const AGENT_SELF: &[&str] = &["system.md", "prompt.template.md"];
 const RUNTIME: &[&str] = &["status", "log", "pid"];
@@ -209,6 +211,7 @@ pub fn validate(class: ObjectClass, object: &str, control: &str, bytes: &[u8]) -
             g.parse::<u32>().map(drop).map_err(|_| format!("{g:?} is not a numeric group id"))
         }),
         "label" => v0::check_subject(one_line(bytes)?),
+        "limits" => crate::limits::parse(bytes).map(drop),
         _ => text(bytes).map(drop),
     }
 }

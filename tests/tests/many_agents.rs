@@ -552,3 +552,48 @@ fn tools_work_in_the_runs_workspace_whatever_the_agents_environment_says() {
     assert_eq!(o.status.code(), Some(69), "{}", text(&o));
     assert!(!String::from_utf8_lossy(&o.stdout).contains(host.trim()));
 }
+
+#[test]
+fn ceilings_hold_a_fork_bomb_a_memory_hog_and_a_busy_loop() {
+    let h = Host::new();
+    h.agent("greedy", 3900, &[]);
+    // The agent's own control, with a flag over one of its keys.
+    fs::write(h.s.storage.join("agent/greedy.d/limits"), "memory=128M\npids=32\ncpu=20\n").unwrap();
+    let bomb = "import os, time\nn = 0\nfor i in range(200):\n    try:\n        if os.fork() == 0:\n            time.sleep(30); os._exit(0)\n        n += 1\n    except OSError:\n        pass\nopen('/workspace/forked', 'w').write(str(n))\n";
+    let o =
+        h.start("greedy", &session("fb"), &["--wait"], &["/usr/bin/python3", "-c", bomb]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let forked: u32 = fs::read_to_string(h.work.join("forked")).unwrap().parse().unwrap();
+    assert!(forked < 32, "pids=32 holds: {forked} processes forked");
+    let hog = "mb = 0\nkeep = []\nwhile mb < 1024:\n    keep.append(bytearray(16 << 20)); mb += 16\n    open('/workspace/mem', 'w').write(str(mb))\n";
+    let o = h
+        .start("greedy", &session("mh"), &["--wait", "--memory", "256M"], &["/usr/bin/python3", "-c", hog])
+        .output()
+        .unwrap();
+    assert_ne!(o.status.code(), Some(0), "the hog does not get its gigabyte: {}", text(&o));
+    let mb: u32 = fs::read_to_string(h.work.join("mem")).unwrap().parse().unwrap();
+    assert!(mb <= 256, "--memory 256M over the control's 128M holds: {mb} MiB allocated");
+    let busy = "import time\nt = time.time()\nwhile time.time() - t < 1.5: pass\nopen('/workspace/cpu', 'w').write(str(time.process_time()))\n";
+    let o =
+        h.start("greedy", &session("cp"), &["--wait"], &["/usr/bin/python3", "-c", busy]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let cpu: f64 = fs::read_to_string(h.work.join("cpu")).unwrap().parse().unwrap();
+    assert!(cpu < 0.9, "cpu=20 holds: {cpu:.2} s of CPU in 1.5 s");
+    // Nothing of theirs is left: the groups go with the runs.
+    let left = fs::read_dir("/sys/fs/cgroup/pids/cortexfs")
+        .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("greedy.")).count())
+        .unwrap_or(0);
+    assert_eq!(left, 0, "the runs' groups are removed");
+    // --no-ceilings starts without any.
+    let o = h
+        .start(
+            "greedy",
+            &session("nc"),
+            &["--wait", "--no-ceilings"],
+            &["/bin/sh", "-c", "cat /proc/self/cgroup > /workspace/nc"],
+        )
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!fs::read_to_string(h.work.join("nc")).unwrap().contains("cortexfs"));
+}

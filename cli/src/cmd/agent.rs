@@ -205,12 +205,19 @@ pub struct StartArgs {
     /// Seconds between SIGTERM and SIGKILL when stopping.
     #[arg(long, default_value_t = 5)]
     grace: u64,
-    /// memory.max for the sandbox in bytes (cgroup v2; reported when the host has none).
-    #[arg(long)]
+    /// Memory ceiling (bytes, or with K, M, G, T), over agent/NAME.d/limits (default 4G).
+    #[arg(long, value_parser = policy::limits::parse_size)]
     memory: Option<u64>,
-    /// pids.max for the sandbox (cgroup v2; reported when the host has none).
+    /// Ceiling on processes and threads, over agent/NAME.d/limits (default 1024).
     #[arg(long)]
     pids: Option<u64>,
+    /// CPU ceiling in percent of one CPU, over agent/NAME.d/limits (default none).
+    #[arg(long)]
+    cpu: Option<u64>,
+    /// Start without resource ceilings (a host with no cgroup controller for them refuses
+    /// otherwise).
+    #[arg(long)]
+    no_ceilings: bool,
     /// A hosted CLI profile: tsh, codex, claude or pi (arguments after -- go to it).
     #[arg(long)]
     profile: Option<String>,
@@ -908,6 +915,8 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                 profile: a.profile,
                 memory: a.memory,
                 pids: a.pids,
+                cpu: a.cpu,
+                no_ceilings: a.no_ceilings,
                 ctx: a.ctx,
                 control: a.control,
                 wait: a.wait,

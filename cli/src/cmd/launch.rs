@@ -97,9 +97,10 @@ pub struct Contract {
     grace: u64,
     /// The command starts once the first client connects (`start --wait` is that client).
     wait_client: bool,
-    /// Resource ceilings to apply through cgroup v2: memory.max in bytes, pids.max.
+    /// Resource ceilings (see `policy::limits`): memory in bytes, processes, CPU percent.
     memory: Option<u64>,
     pids: Option<u64>,
+    cpu: Option<u64>,
     /// The host's /ctx mount.
     ctx: PathBuf,
 }
@@ -160,10 +161,14 @@ pub struct Start {
     pub wait: bool,
     /// Seconds between SIGTERM and SIGKILL at stop.
     pub grace: u64,
-    /// memory.max for the sandbox, in bytes.
+    /// The sandbox's memory ceiling in bytes, over the agent's `limits`.
     pub memory: Option<u64>,
-    /// pids.max for the sandbox.
+    /// Its ceiling on processes and threads, over the agent's `limits`.
     pub pids: Option<u64>,
+    /// Its CPU ceiling in percent of one CPU, over the agent's `limits`.
+    pub cpu: Option<u64>,
+    /// Start without any ceiling (where the host cannot apply them).
+    pub no_ceilings: bool,
 }
 
 fn runtime_dir(agent: &str, session: &str) -> PathBuf {
@@ -204,39 +209,6 @@ fn network_ready(uid: u32) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-/// The cgroup v2 directory sandboxes are placed under, when the host offers cgroup v2 with the
-/// memory and pids controllers; `Err` says why not.
-fn cgroup_root() -> Result<PathBuf, String> {
-    for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
-        let Ok(ctl) = std::fs::read_to_string(Path::new(root).join("cgroup.controllers")) else { continue };
-        let have: Vec<&str> = ctl.split_whitespace().collect();
-        if have.contains(&"memory") && have.contains(&"pids") {
-            return Ok(Path::new(root).join("cortexfs"));
-        }
-        return Err(format!("{root} is cgroup v2 without the memory and pids controllers ({})", ctl.trim()));
-    }
-    Err("this host has no cgroup v2 hierarchy (cgroup v1 only)".into())
-}
-
-/// Places `pid` in a cgroup of its own with the contract's ceilings.
-fn limit(c: &Contract, pid: u32) -> Result<(), String> {
-    let root = cgroup_root()?;
-    let io = |p: &Path, e: std::io::Error| format!("{}: {e}", p.display());
-    std::fs::create_dir_all(&root).map_err(|e| io(&root, e))?;
-    let ctl = root.join("cgroup.subtree_control");
-    let _ = std::fs::write(root.parent().unwrap_or(&root).join("cgroup.subtree_control"), "+memory +pids");
-    std::fs::write(&ctl, "+memory +pids").map_err(|e| io(&ctl, e))?;
-    let dir = root.join(format!("{}.{}", c.agent, c.session));
-    std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
-    if let Some(m) = c.memory {
-        std::fs::write(dir.join("memory.max"), m.to_string()).map_err(|e| io(&dir.join("memory.max"), e))?;
-    }
-    if let Some(n) = c.pids {
-        std::fs::write(dir.join("pids.max"), n.to_string()).map_err(|e| io(&dir.join("pids.max"), e))?;
-    }
-    std::fs::write(dir.join("cgroup.procs"), pid.to_string()).map_err(|e| io(&dir.join("cgroup.procs"), e))
 }
 
 /// What sandboxes need from the host, each missing piece with what to do about it.
@@ -388,6 +360,7 @@ fn contract(s: &Start) -> anyhow::Result<Contract> {
         None if s.cmd.is_empty() => vec!["/ctx/bin/tsh".to_owned()],
         None => s.cmd.clone(),
     };
+    let limits = ceilings(s)?;
     Ok(Contract {
         agent: s.agent.clone(),
         session: s.session.clone(),
@@ -404,10 +377,35 @@ fn contract(s: &Start) -> anyhow::Result<Contract> {
         control: s.control.clone(),
         grace: s.grace,
         wait_client: s.wait,
-        memory: s.memory,
-        pids: s.pids,
+        memory: limits.memory,
+        pids: limits.pids,
+        cpu: limits.cpu,
         ctx: s.ctx.clone(),
     })
+}
+
+/// The run's ceilings: the agent's `limits` (or the defaults), under the flags; none with
+/// `--no-ceilings`. Refused (69) when the host cannot apply one.
+fn ceilings(s: &Start) -> anyhow::Result<policy::limits::Limits> {
+    if s.no_ceilings {
+        return Ok(policy::limits::Limits { memory: None, pids: None, cpu: None });
+    }
+    let text = read_control(&s.ctx, &s.agent, "limits").unwrap_or_default();
+    let mut l = policy::limits::parse(text.as_bytes())
+        .map_err(|e| invalid(format!("agent/{}.d/limits: {e}", s.agent)))?;
+    l.memory = s.memory.or(l.memory);
+    l.pids = s.pids.or(l.pids);
+    l.cpu = s.cpu.or(l.cpu);
+    ctxterm::cgroups::plan(&l).map_err(|why| {
+        Exit::new(
+            exit::UNAVAILABLE,
+            format!(
+                "resource ceilings cannot be applied here: {why}; mount the controller (cgroup v2 or v1), \
+                 or start without ceilings with --no-ceilings"
+            ),
+        )
+    })?;
+    Ok(l)
 }
 
 /// Prepares the run of `s` and starts its supervisor; returns the contract and the supervisor.
@@ -447,11 +445,6 @@ fn spawn(s: &Start) -> anyhow::Result<(Contract, std::process::Child)> {
     // The session, in the agent's home, owned by the agent.
     let cwd = c.workspace.as_ref().map_or_else(|| "/".to_owned(), |_| "/workspace".to_owned());
     crate::cmd::session::prepare(&s.ctx, c.uid, c.gid, &c.agent, &c.session, &cwd)?;
-    if (c.memory.is_some() || c.pids.is_some())
-        && let Err(why) = cgroup_root()
-    {
-        eprintln!("ctx: resource ceilings not applied: {why}");
-    }
     crate::cmd::view::call(
         &c.control,
         json!({
@@ -582,7 +575,20 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     };
     let children = crate::cmd::receipt::Children::default();
     crate::cmd::receipt::serve(run.clone(), &c.runtime.join("receipt/main.sock"), children.clone())?;
-    let mut cmd = Command::new("setpriv");
+    // The sandbox starts inside its groups: a shell joins them, then execs setpriv.
+    let limits = policy::limits::Limits { memory: c.memory, pids: c.pids, cpu: c.cpu };
+    let groups = ctxterm::cgroups::create(&format!("{}.{}", c.agent, c.session), &limits)
+        .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("resource ceilings: {e}")))?;
+    let procs: Vec<String> = groups.procs().iter().map(|p| p.display().to_string()).collect();
+    let mut cmd = if procs.is_empty() {
+        Command::new("setpriv")
+    } else {
+        let mut sh = Command::new("/bin/sh");
+        sh.args(["-c", "IFS=:; for p in $0; do echo $$ > \"$p\" || exit 69; done; unset IFS; exec \"$@\""])
+            .arg(procs.join(":"))
+            .arg("setpriv");
+        sh
+    };
     cmd.arg(format!("--reuid={}", c.uid)).arg(format!("--regid={}", c.gid));
     if c.groups.is_empty() {
         cmd.arg("--clear-groups");
@@ -653,11 +659,6 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     cmd.args(&c.cmd);
     cmd.env_clear().env("PATH", "/usr/bin:/bin").stdin(Stdio::null());
     let mut child = cmd.spawn().map_err(|e| Exit::new(exit::UNAVAILABLE, format!("setpriv/bwrap: {e}")))?;
-    if (c.memory.is_some() || c.pids.is_some())
-        && let Err(why) = limit(&c, child.id())
-    {
-        eprintln!("resource ceilings not applied: {why}");
-    }
     let pid = rustix::process::Pid::from_child(&child);
     let mut killed_at: Option<Instant> = None;
     let mut ticks = 0u32;
@@ -704,9 +705,7 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(contract_file);
     let _ = std::fs::remove_file(c.runtime.join("seccomp.bpf"));
     let _ = std::fs::remove_file(c.runtime.join("pid"));
-    if let Ok(root) = cgroup_root() {
-        let _ = std::fs::remove_dir(root.join(format!("{}.{}", c.agent, c.session)));
-    }
+    groups.remove();
     eprintln!("agent {} session {}: terminal ended with status {code}", c.agent, c.session);
     Ok(())
 }

@@ -215,6 +215,8 @@ impl Run {
             profile: None,
             memory: None,
             pids: None,
+            cpu: None,
+            no_ceilings: false,
             ctx: self.ctx.clone(),
             control: self.control.clone(),
             wait: false,
