@@ -244,6 +244,33 @@ fn serve_client(views: &Views, stream: UnixStream) {
 }
 
 /// Listens on `socket` (mode 0600) and serves requests on a thread per client.
+/// Detaches every view mounted under [`DEFAULT_VIEW_ROOT`] whose server is gone (a daemon
+/// that crashed or was killed leaves them: `ENOTCONN`), and removes its directory; returns
+/// their paths. Views of a daemon still running answer and are left alone.
+pub fn clean_dead_views() -> Vec<PathBuf> {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
+    let mut dead: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|m| PathBuf::from(m.replace("\\040", " ")))
+        .filter(|m| m.starts_with(DEFAULT_VIEW_ROOT))
+        .filter(|m| matches!(rustix::fs::statfs(m), Err(rustix::io::Errno::NOTCONN)))
+        .collect();
+    dead.sort();
+    dead.dedup();
+    for m in &dead {
+        if let Err(e) = rustix::mount::unmount(m, rustix::mount::UnmountFlags::DETACH) {
+            tracing::warn!(view = %m.display(), error = %e, "cannot detach a dead view");
+            continue;
+        }
+        let _ = std::fs::remove_dir(m);
+        if let Some(agent) = m.parent().filter(|a| a.parent() == Some(Path::new(DEFAULT_VIEW_ROOT))) {
+            let _ = std::fs::remove_dir(agent);
+        }
+    }
+    dead
+}
+
 pub fn listen(socket: &Path, views: Arc<Views>) -> std::io::Result<()> {
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir)?;

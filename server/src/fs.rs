@@ -393,8 +393,9 @@ impl Inodes {
 enum Handle {
     /// A storage file.
     File(File),
-    /// A control being rewritten: the new contents, published on flush.
-    Control { rel: PathBuf, buf: Vec<u8>, dirty: bool, file: Option<File> },
+    /// A control being rewritten: the new contents, published on flush by the process that
+    /// wrote them (`writer`, 0 before any write), else at release.
+    Control { rel: PathBuf, buf: Vec<u8>, dirty: bool, file: Option<File>, writer: i32 },
     /// A session log.
     Log(Arc<AppendLog>),
     /// A snapshot (status).
@@ -1049,7 +1050,13 @@ impl CtxFs {
             Area::Control(_) if write => {
                 let file = self.storage.open_rel(rel, read_flags, 0).ok().map(File::from);
                 Ok((
-                    Handle::Control { rel: rel.to_path_buf(), buf: Vec::new(), dirty: false, file },
+                    Handle::Control {
+                        rel: rel.to_path_buf(),
+                        buf: Vec::new(),
+                        dirty: false,
+                        file,
+                        writer: 0,
+                    },
                     OpenOptions::DIRECT_IO,
                 ))
             }
@@ -1581,7 +1588,13 @@ impl FileSystem for CtxFs {
                 .map_err(ioerr)?;
                 Self::chown_to_caller(&fd, ctx)?;
                 (
-                    Handle::Control { rel: rel.clone(), buf: Vec::new(), dirty: true, file: None },
+                    Handle::Control {
+                        rel: rel.clone(),
+                        buf: Vec::new(),
+                        dirty: true,
+                        file: None,
+                        writer: ctx.pid,
+                    },
                     OpenOptions::DIRECT_IO,
                 )
             }
@@ -1641,7 +1654,7 @@ impl FileSystem for CtxFs {
 
     fn write(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         ino: u64,
         handle: u64,
         r: &mut dyn ZeroCopyReader,
@@ -1702,8 +1715,9 @@ impl FileSystem for CtxFs {
                     *h = Handle::Bytes(Vec::new());
                     return Err(err(errno));
                 }
-                if let Handle::Control { dirty, .. } = &mut *h {
+                if let Handle::Control { dirty, writer, .. } = &mut *h {
                     *dirty = true;
+                    *writer = ctx.pid;
                 }
                 Ok(data.len())
             }
@@ -1759,15 +1773,19 @@ impl FileSystem for CtxFs {
         }
     }
 
-    fn flush(&self, _ctx: &Context, _ino: u64, handle: u64, _lock_owner: u64) -> io::Result<()> {
+    fn flush(&self, ctx: &Context, _ino: u64, handle: u64, _lock_owner: u64) -> io::Result<()> {
         self.stats.count("flush");
         if self.zero_open {
             return Err(err(libc::ENOSYS));
         }
         let h = self.handle(handle)?;
         let mut h = lock(&h);
-        if let Handle::Control { rel, buf, dirty, .. } = &mut *h
+        // Every close of a descriptor flushes, also one that a forked child inherited and
+        // closes at exec while the writer is still writing: only the writer's own close
+        // publishes (and hears of a refusal); anything else waits for release.
+        if let Handle::Control { rel, buf, dirty, writer, .. } = &mut *h
             && *dirty
+            && *writer == ctx.pid
         {
             let r = self.publish_control(rel, buf);
             *dirty = false;

@@ -156,6 +156,11 @@ fn write_control(path: &Path, data: &[u8], chunk: usize) -> i32 {
             first = e;
             break;
         }
+        if i == 2 {
+            // A child forked now inherits the descriptor and closes it at exec: a FLUSH that
+            // is not the writer's close.
+            assert!(Command::new("/bin/true").status().unwrap().success());
+        }
     }
     first
 }
@@ -179,7 +184,14 @@ fn a_control_handle_that_saw_a_refused_write_publishes_nothing() {
     assert_eq!(line.len(), 64);
     let e = write_control(&policy, line.repeat(1025).as_bytes(), 64);
     assert_ne!(e, 0, "an oversize policy is refused");
-    assert!(fs::read(&policy).unwrap() == old_policy, "the old policy stays");
+    let now = fs::read(&policy).unwrap();
+    assert!(
+        now == old_policy,
+        "the old policy stays ({} bytes, was {}): {:?}",
+        now.len(),
+        old_policy.len(),
+        String::from_utf8_lossy(&now[..now.len().min(200)])
+    );
     // A write at the wrong offset in the middle of a handle's writes.
     let f = fs::OpenOptions::new().write(true).truncate(true).open(&system).unwrap();
     f.write_all_at(b"first part\n", 0).unwrap();
@@ -592,4 +604,77 @@ fn ceilings_hold_a_fork_bomb_a_memory_hog_and_a_busy_loop() {
     assert!(o.status.success(), "{}", text(&o));
     let forked: u32 = fs::read_to_string(h.work.join("forked")).unwrap().parse().unwrap();
     assert!(forked >= 32, "without ceilings: {forked}");
+}
+
+#[test]
+fn a_daemon_killed_under_eight_agents_loses_no_record_and_leaves_no_dead_view() {
+    const AGENTS: u32 = 8;
+    let mut h = Host::new();
+    let names: Vec<String> = (0..AGENTS).map(|i| format!("k{i}")).collect();
+    for (i, n) in names.iter().enumerate() {
+        h.agent(n, 4000 + i as u32, &["--tool", "fs.read"]);
+    }
+    h.tool_policy("fs.read", &names.iter().map(|n| format!("{n}_t")).collect::<Vec<_>>());
+    let s = session("k");
+    /// Stops whatever is still running when the test ends, passed or not.
+    struct Stop<'a>(&'a [String], String);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            for n in self.0 {
+                let _ = ctx(&["agent", "stop", n, "--session", &self.1]);
+            }
+        }
+    }
+    let _stop = Stop(&names, s.clone());
+    // Each agent counts the calls tsh acknowledged (both records durable) in its workspace.
+    let script = "i=0; while true; do if /ctx/bin/tsh fs.read a.txt >/dev/null 2>&1; then \
+                  i=$((i+1)); echo $i > /workspace/ok.$CTX_AGENT; fi; done";
+    for n in &names {
+        let o = h.start(n, &s, &[], &["/bin/sh", "-c", script]).output().unwrap();
+        assert!(o.status.success(), "{n}: {}", text(&o));
+    }
+    let t = std::time::Instant::now();
+    while names.iter().any(|n| !h.work.join(format!("ok.{n}")).exists()) {
+        assert!(t.elapsed().as_secs() < 60, "every agent made a call");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let mut daemon = h.s.child.take().unwrap();
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    h.s.spawn();
+    // Every run notices, is stopped, and its session says so.
+    let t = std::time::Instant::now();
+    loop {
+        let ps = ctx(&["agent", "ps"]);
+        let running = String::from_utf8_lossy(&ps.stdout).lines().filter(|l| l.contains(&s)).count();
+        if running == 0 {
+            break;
+        }
+        assert!(t.elapsed().as_secs() < 60, "{running} runs still going after the daemon died");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let log = fs::read_to_string(h.s.storage.join("tool/fs.read.d/log")).unwrap();
+    let logged = whole_lines(&log);
+    let mut acked_total = 0;
+    for (i, n) in names.iter().enumerate() {
+        let uid = 4000 + i as u32;
+        let acked: usize =
+            fs::read_to_string(h.work.join(format!("ok.{n}"))).unwrap().trim().parse().unwrap();
+        acked_total += acked;
+        let ev = h.events(uid, n, &s);
+        whole_lines(&ev);
+        let ok_calls = ev.lines().filter(|l| l.contains("\"tool.call\"") && l.contains("\"ok\"")).count();
+        assert!(ok_calls >= acked, "{n}: {acked} acknowledged calls, {ok_calls} recorded");
+        assert!(ev.contains("\"run.lost\""), "{n}: the session says the run was lost");
+        let state =
+            fs::read_to_string(h.s.storage.join(format!("home/{uid}/agent/{n}/session/{s}/state"))).unwrap();
+        assert_eq!(state, "error\n", "{n}");
+    }
+    assert!(logged >= acked_total, "{acked_total} acknowledged, {logged} in the tool's log");
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    for n in &names {
+        assert!(!mounts.contains(&format!("/run/cortexfs/view/{n}/")), "{n}: no view left mounted");
+        assert!(!Path::new(&format!("/run/cortexfs/view/{n}/{s}")).exists(), "{n}: no view directory left");
+    }
 }

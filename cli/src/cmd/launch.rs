@@ -101,6 +101,8 @@ pub struct Contract {
     memory: Option<u64>,
     pids: Option<u64>,
     cpu: Option<u64>,
+    /// The storage the daemon serves (from its `status`), for when /ctx no longer answers.
+    storage: Option<PathBuf>,
     /// The host's /ctx mount.
     ctx: PathBuf,
 }
@@ -380,6 +382,9 @@ fn contract(s: &Start) -> anyhow::Result<Contract> {
         memory: limits.memory,
         pids: limits.pids,
         cpu: limits.cpu,
+        storage: std::fs::read_to_string(s.ctx.join("status"))
+            .ok()
+            .and_then(|t| policy::status::field(&t, "storage").map(PathBuf::from)),
         ctx: s.ctx.clone(),
     })
 }
@@ -662,6 +667,7 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     let pid = rustix::process::Pid::from_child(&child);
     let mut killed_at: Option<Instant> = None;
     let mut ticks = 0u32;
+    let mut lost = false;
     let status = loop {
         if let Some(st) = child.try_wait()? {
             break st;
@@ -669,6 +675,16 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
         ticks += 1;
         if ticks.is_multiple_of(20) {
             run.reap(&children);
+        }
+        // A view whose daemon is gone (ENOTCONN) is a world that no longer answers: the run
+        // is stopped and its session says why.
+        if ticks.is_multiple_of(50) && !lost && !view_answers(&c.view) {
+            lost = true;
+            eprintln!(
+                "agent {} session {}: its view is gone (the daemon ended): stopping the run",
+                c.agent, c.session
+            );
+            term_flag.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         if term_flag.load(std::sync::atomic::Ordering::Relaxed) {
             match killed_at {
@@ -696,9 +712,18 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     for (child, session) in owned {
         run.cancel(&child, &session);
     }
-    crate::cmd::session::finish(&c.ctx, c.uid, &c.agent, &c.session, code);
+    if lost {
+        lost_view(&c, code);
+    } else {
+        crate::cmd::session::finish(&c.ctx, c.uid, &c.agent, &c.session, code);
+    }
     let _ = std::fs::write(c.runtime.join("exit"), format!("{code}\n"));
     let _ = crate::cmd::view::call(&c.control, json!({"op": "rm", "path": c.view}));
+    // A view of a daemon that is gone is no one's to remove but ours.
+    if matches!(rustix::fs::statfs(&c.view), Err(rustix::io::Errno::NOTCONN)) {
+        let _ = rustix::mount::unmount(&c.view, rustix::mount::UnmountFlags::DETACH);
+    }
+    let _ = std::fs::remove_dir(&c.view);
     // What stays of a run is its status (`exit`) and the supervisor's own log (0600).
     let _ = std::fs::remove_dir_all(c.runtime.join("term"));
     let _ = std::fs::remove_dir_all(c.runtime.join("receipt"));
@@ -708,6 +733,46 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     groups.remove();
     eprintln!("agent {} session {}: terminal ended with status {code}", c.agent, c.session);
     Ok(())
+}
+
+/// Whether the view at `path` is still a mount its daemon answers on: a dead one gives
+/// ENOTCONN, and one that a restarted daemon cleaned away is no FUSE mount any more.
+fn view_answers(path: &Path) -> bool {
+    const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+    rustix::fs::statfs(path).is_ok_and(|st| st.f_type == FUSE_SUPER_MAGIC)
+}
+
+/// Marks the session of a run stopped because its view died: `state` error and a `run.lost`
+/// event, through the host's /ctx once a daemon answers there again (up to 15 s), else the
+/// state directly in the storage the run started on.
+fn lost_view(c: &Contract, code: i32) {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(15) && rustix::fs::statfs(c.ctx.join("status")).is_err() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let dir = crate::cmd::session::dir(&c.ctx, c.uid, &c.agent, &c.session);
+    let ts = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+    let event = json!({"ts": ts, "type": "run.lost", "agent": c.agent, "session": c.session,
+        "status": "error", "reason": "the run's view ended (its daemon is gone); the run was stopped", "code": code});
+    let appended = std::fs::OpenOptions::new()
+        .append(true)
+        .open(dir.join("events.jsonl"))
+        .and_then(|mut f| f.write_all(format!("{event}\n").as_bytes()));
+    match appended {
+        Ok(()) => crate::cmd::session::finish(&c.ctx, c.uid, &c.agent, &c.session, code.max(1)),
+        Err(e) => {
+            eprintln!(
+                "agent {} session {}: cannot record the lost view through {}: {e}",
+                c.agent,
+                c.session,
+                c.ctx.display()
+            );
+            if let Some(storage) = &c.storage {
+                let d = storage.join(format!("home/{}/agent/{}/session/{}", c.uid, c.agent, c.session));
+                let _ = std::fs::write(d.join("state"), "error\n");
+            }
+        }
+    }
 }
 
 /// Runs `ctx agent stop`.

@@ -184,6 +184,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mount = pool
         .mount_host(Arc::new(fs), Arc::new(data), mp)
         .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("cannot mount {}: {e}", mp.display())))?;
+    let dead = server::control::clean_dead_views();
+    if !dead.is_empty() {
+        let shown: Vec<String> = dead.iter().map(|d| d.display().to_string()).collect();
+        tracing::warn!(count = dead.len(), "removed the dead views of a previous daemon");
+        eprintln!("ctx: removed {} dead view(s) of a previous daemon: {}", dead.len(), shown.join(" "));
+    }
     let views = Arc::new(server::control::Views::new(config, Arc::clone(&pool)));
     views.watch().map_err(|e| Exit::new(exit::INTERNAL, format!("cannot start the view notifier: {e}")))?;
     server::control::listen(&a.control, Arc::clone(&views)).map_err(|e| {
