@@ -13,6 +13,7 @@
 //! It talks to `/ctx` as files and sockets and never links the server. Depends on `policy`.
 
 pub mod cgroups;
+pub mod idmap;
 pub mod ring;
 pub mod seccomp;
 mod sys;

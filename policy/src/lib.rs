@@ -21,6 +21,7 @@ pub mod authority;
 pub mod controls;
 pub mod errno;
 pub mod exit;
+pub mod ids;
 pub mod limits;
 pub mod manifest;
 pub mod mount;

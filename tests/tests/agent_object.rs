@@ -165,29 +165,35 @@ fn new_writes_every_control_valid_and_grants_exactly_what_was_asked() {
 }
 
 #[test]
-fn defaults_are_nobody_and_deny_everything() {
+fn defaults_are_an_identity_of_its_own_and_deny_everything() {
     let d = tempfile::tempdir().unwrap();
     let s = d.path();
+    // The first agent gets the first id of the agents' range as uid and gid.
+    let first = *policy::ids::AGENT_IDS.start();
     assert_eq!(
         ok(&ctx(s, &["agent", "new", "my-bot.v2"])),
-        "created agent/my-bot.v2 (label my_bot_v2_t, uid 65534)\n"
+        format!("created agent/my-bot.v2 (label my_bot_v2_t, uid {first})\n")
     );
     let ctl = s.join("agent/my-bot.v2.d");
     let read = |c: &str| fs::read_to_string(ctl.join(c)).unwrap();
-    assert_eq!(read("uid"), "65534\n");
-    assert_eq!(read("gid"), "65534\n");
+    assert_eq!(read("uid"), format!("{first}\n"));
+    assert_eq!(read("gid"), format!("{first}\n"));
     assert_eq!(read("groups"), "");
     assert_eq!(read("policy"), "");
     assert_eq!(read("mount"), "");
     assert_eq!(read("model"), "");
-    assert_eq!(read("path"), "/ctx/tool:/ctx/home/65534/tool\n");
+    assert_eq!(read("path"), format!("/ctx/tool:/ctx/home/{first}/tool\n"));
     for c in WRITTEN {
         controls::validate(ObjectClass::Agent, "my-bot.v2", c, read(c).as_bytes())
             .unwrap_or_else(|e| panic!("{c}: {e}"));
     }
 
+    // The next one gets the next id; --uid still chooses one.
     let out = ctx(s, &["agent", "new", "labelled", "--label", "custom_t"]);
-    assert_eq!(ok(&out), "created agent/labelled (label custom_t, uid 65534)\n");
+    assert_eq!(ok(&out), format!("created agent/labelled (label custom_t, uid {})\n", first + 1));
+    assert_eq!(fs::read_to_string(s.join("agent/labelled.d/gid")).unwrap(), format!("{}\n", first + 1));
+    let out = ctx(s, &["agent", "new", "chosen", "--uid", "1234"]);
+    assert_eq!(ok(&out), "created agent/chosen (label chosen_t, uid 1234)\n");
     assert_eq!(fs::read_to_string(s.join("agent/labelled.d/label")).unwrap(), "custom_t\n");
 }
 

@@ -678,3 +678,51 @@ fn a_daemon_killed_under_eight_agents_loses_no_record_and_leaves_no_dead_view() 
         assert!(!Path::new(&format!("/run/cortexfs/view/{n}/{s}")).exists(), "{n}: no view directory left");
     }
 }
+
+#[test]
+fn an_agent_with_its_own_uid_edits_the_operators_workspace_and_the_files_stay_the_operators() {
+    use std::os::unix::fs::MetadataExt;
+    let h = Host::new();
+    // Created without --uid: an identity of its own from the agents' range.
+    ok(&["agent", "new", "editor", "--source", h.st()]);
+    let uid: u32 =
+        fs::read_to_string(h.s.storage.join("agent/editor.d/uid")).unwrap().trim().parse().unwrap();
+    assert!(policy::ids::AGENT_IDS.contains(&uid), "{uid}");
+    // The operator's workspace: 1234:1234, not writable by others.
+    let ws = h.s.dir.path().join("operator");
+    fs::create_dir(&ws).unwrap();
+    fs::write(ws.join("notes.txt"), "mine\n").unwrap();
+    for p in [&ws, &ws.join("notes.txt")] {
+        rustix::fs::chown(p, Some(rustix::fs::Uid::from_raw(1234)), Some(rustix::fs::Gid::from_raw(1234)))
+            .unwrap();
+    }
+    fs::set_permissions(&ws, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let script = "id -u > /tmp/me; echo edited >> notes.txt && printf 'draft\\n' > .save.tmp && mv .save.tmp saved.txt \
+                  && stat -c %u notes.txt > owner.seen && cat /tmp/me > agent.uid";
+    let o = Command::new(tests::bin("ctx"))
+        .args(["agent", "start", "editor", "--session", &session("e"), "--wait", "--ctx"])
+        .arg(&h.s.mnt)
+        .arg("--control")
+        .arg(&h.s.control)
+        .arg("--cwd")
+        .arg(&ws)
+        .args(["--", "/bin/sh", "-c", script])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let read = |f: &str| fs::read_to_string(ws.join(f)).unwrap();
+    assert_eq!(read("agent.uid").trim(), uid.to_string(), "the agent ran as itself");
+    assert_eq!(
+        read("owner.seen").trim(),
+        uid.to_string(),
+        "inside, the operator's files show as the agent's"
+    );
+    assert_eq!(read("notes.txt"), "mine\nedited\n");
+    assert_eq!(read("saved.txt"), "draft\n");
+    for f in ["notes.txt", "saved.txt", "owner.seen", "agent.uid"] {
+        let m = fs::metadata(ws.join(f)).unwrap();
+        assert_eq!((m.uid(), m.gid()), (1234, 1234), "{f} is the operator's");
+    }
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains("/run/cortexfs/agent/editor/"), "the idmapped bind goes with the run");
+}

@@ -7,8 +7,10 @@
 //! the same store and only shows its plan unless `--yes`.
 //!
 //! Defaults of `new`, chosen so that an agent holds nothing it was not given:
-//! - `uid` and `gid` are 65534 (nobody/nogroup) unless `--uid`/`--gid` name an identity, so a
-//!   fresh agent owns no files on the host; `groups` is empty;
+//! - `uid` and `gid` are one id of its own from `policy::ids::AGENT_IDS` (1879113728 and up,
+//!   a range no host account uses) unless `--uid`/`--gid` name an identity, so a fresh agent
+//!   owns no files on the host and no other agent's; a child shares its parent's; `groups` is
+//!   empty;
 //! - `label` is the name with `.`, `-` and `+` turned into `_`, plus `_t` (`my-bot` ->
 //!   `my_bot_t`);
 //! - `policy` grants exactly what the flags ask: `tool:T execute` per `--tool`, `model:M use`
@@ -38,7 +40,7 @@ use crate::cmd::{launch, session};
 use crate::exit::{self, Exit};
 use crate::out;
 
-/// The uid and gid of `nobody`, the identity of an agent created without one.
+/// The uid and gid of `nobody`, for a child whose parent names none.
 const NOBODY: u32 = 65534;
 /// The options of a `--mount` whose MODE names none.
 const DEFAULT_MOUNT_OPTIONS: MountOptions = MountOptions { nosuid: true, nodev: true, noexec: false };
@@ -369,6 +371,30 @@ fn read_control(path: &Path) -> Option<Vec<u8>> {
     Some(bytes)
 }
 
+/// The ids listed in an `/etc/passwd`- or `/etc/group`-style file (third field).
+fn ids_in(path: &str) -> Vec<u32> {
+    let mut text = String::new();
+    let _ = std::fs::File::open(path).and_then(|f| f.take(16 << 20).read_to_string(&mut text));
+    text.lines().filter_map(|l| l.split(':').nth(2)?.parse().ok()).collect()
+}
+
+/// The lowest id of [`policy::ids::AGENT_IDS`] that no installed agent, host account or group
+/// uses.
+fn free_id(storage: &Path) -> anyhow::Result<u32> {
+    let mut taken = ids_in("/etc/passwd");
+    taken.extend(ids_in("/etc/group"));
+    for a in installed(storage)? {
+        taken.extend(a.uid);
+        let gid: Option<u32> = read_control(&agent_dir(storage).join(format!("{}.d/gid", a.name)))
+            .and_then(|b| String::from_utf8(b).ok())
+            .and_then(|t| t.trim().parse().ok());
+        taken.extend(gid);
+    }
+    policy::ids::first_free(|id| taken.contains(&id)).ok_or_else(|| {
+        Exit::new(exit::FAILURE, "every id of the agents' range is taken: give this one --uid").into()
+    })
+}
+
 /// An installed agent as `ls` shows it.
 struct Listed {
     name: String,
@@ -637,6 +663,12 @@ fn create(mut a: NewArgs) -> anyhow::Result<String> {
     let dir = agent_dir(storage);
     if std::fs::symlink_metadata(dir.join(name)).is_ok() {
         return Err(Exit::new(exit::FAILURE, format!("agent/{name} already exists")).into());
+    }
+    // An agent of its own gets an identity of its own (a child shares its parent's).
+    if a.uid.is_none() {
+        let id = free_id(storage)?;
+        a.uid = Some(id);
+        a.gid = a.gid.or(Some(id));
     }
     let controls = controls_for(&a, &label, &mounts);
     if let Some(p) = &parent {

@@ -607,6 +607,28 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     if c.network {
         cmd.args(["pasta", "--config-net", "--quiet", "--"]);
     }
+    // The operator's workspace, for an agent with an identity of its own: an idmapped bind that
+    // shows the workspace owner's ids as the agent's (ctxterm::idmap).
+    let idmapped = c.runtime.join("workspace");
+    let workspace = match &c.workspace {
+        Some(w) => {
+            use std::os::unix::fs::MetadataExt;
+            let m = std::fs::metadata(w).map_err(|e| Exit::io(w.display(), &e))?;
+            if (m.uid(), m.gid()) == (c.uid, c.gid) {
+                Some(w.clone())
+            } else {
+                std::fs::create_dir_all(&idmapped)?;
+                match ctxterm::idmap::bind(w, &idmapped, (m.uid(), m.gid()), (c.uid, c.gid)) {
+                    Ok(()) => Some(idmapped.clone()),
+                    Err(e) => {
+                        eprintln!("ctx: {e}; binding it as it is (the agent has what mode bits give it)");
+                        Some(w.clone())
+                    }
+                }
+            }
+        }
+        None => None,
+    };
     // The seccomp filter reaches bwrap as descriptor 3, opened by a shell right before it execs
     // bwrap (pasta, when it runs, closes the descriptors it inherits).
     let filter = c.runtime.join("seccomp.bpf");
@@ -643,7 +665,7 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     cmd.arg("--bind").arg(&c.view).arg("/ctx");
     cmd.arg("--bind").arg(c.runtime.join("term")).arg("/run/cortexfs/terminal");
     cmd.arg("--bind").arg(c.runtime.join("receipt")).arg("/run/cortexfs/receipt");
-    if let Some(w) = &c.workspace {
+    if let Some(w) = &workspace {
         cmd.arg("--bind").arg(w).arg("/workspace");
         cmd.args(["--chdir", "/workspace"]);
     } else {
@@ -724,6 +746,10 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
         let _ = rustix::mount::unmount(&c.view, rustix::mount::UnmountFlags::DETACH);
     }
     let _ = std::fs::remove_dir(&c.view);
+    if idmapped.exists() {
+        let _ = rustix::mount::unmount(&idmapped, rustix::mount::UnmountFlags::DETACH);
+        let _ = std::fs::remove_dir(&idmapped);
+    }
     // What stays of a run is its status (`exit`) and the supervisor's own log (0600).
     let _ = std::fs::remove_dir_all(c.runtime.join("term"));
     let _ = std::fs::remove_dir_all(c.runtime.join("receipt"));
