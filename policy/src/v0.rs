@@ -27,7 +27,7 @@ pub enum Class {
     Model,
     /// `shared:<name> read|write`
     Shared,
-    /// `session:<name> read|write|resume`
+    /// `session:<agent>/<session> read|write|resume`
     Session,
     /// `mount:<path> read|write`
     Mount,
@@ -86,8 +86,9 @@ impl Class {
         self.permissions().contains(&p)
     }
 
-    /// Checks an object name for this class. Tool, agent, shared and session objects are object
-    /// names; model objects are `main`, `<name>` or `<provider>/<model>`; mount objects are
+    /// Checks an object name for this class. Tool, agent and shared objects are object names;
+    /// session objects are `<agent>/<session>` (the session of that agent); model objects are
+    /// `main`, `<name>` or `<provider>/<model>`; mount objects are
     /// absolute normalized paths (the mount target); the only network object is `default`.
     pub fn check_object(self, object: &str) -> Result<(), String> {
         if object.contains('*') {
@@ -97,9 +98,16 @@ impl Class {
             ));
         }
         match self {
-            Class::Tool | Class::Agent | Class::Shared | Class::Session => {
+            Class::Tool | Class::Agent | Class::Shared => {
                 name::validate(object).map_err(|e| format!("invalid {} name {object:?}: {e}", self.as_str()))
             }
+            // A session is named by its agent: `<agent>/<session>`.
+            Class::Session => match object.split_once('/') {
+                Some((agent, session)) => name::validate(agent)
+                    .and_then(|()| name::validate(session))
+                    .map_err(|e| format!("invalid session name {object:?}: {e}")),
+                None => Err(format!("invalid session name {object:?}: expected AGENT/SESSION")),
+            },
             Class::Model => {
                 let mut parts = object.split('/');
                 let n = parts.clone().count();
@@ -621,11 +629,54 @@ impl Policy {
     pub fn allows(&self, q: &Query<'_>) -> bool {
         self.check(q).is_allow()
     }
+
+    /// The objects of `class` on which some rule grants `subject` a permission (a walk over
+    /// every grant: for listings, not for the hot path).
+    pub fn objects(&self, subject: &str, class: Class) -> Vec<String> {
+        let mut head = Vec::with_capacity(subject.len() + 2);
+        head.extend_from_slice(subject.as_bytes());
+        head.extend_from_slice(&[0, class as u8]);
+        let mut out: Vec<String> = self
+            .grants
+            .iter()
+            .filter(|(k, g)| g.mask != 0 && k.0.starts_with(&head))
+            .filter_map(|(k, _)| std::str::from_utf8(&k.0[head.len()..]).ok().map(str::to_owned))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// True when some rule grants `subject` any permission on an object of `class` whose name
+    /// starts with `prefix` (a walk over every grant: for listings, not for the hot path).
+    pub fn grants_under(&self, subject: &str, class: Class, prefix: &str) -> bool {
+        let mut head = Vec::with_capacity(subject.len() + 2 + prefix.len());
+        head.extend_from_slice(subject.as_bytes());
+        head.extend_from_slice(&[0, class as u8]);
+        head.extend_from_slice(prefix.as_bytes());
+        self.grants.iter().any(|(k, g)| g.mask != 0 && k.0.starts_with(&head))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sessions_are_named_by_their_agent_and_grants_can_be_listed() {
+        let p = Policy::from_text(
+            b"allow a_t session:bee/s1 read\nallow a_t agent:bee read\nallow b_t agent:cow read\n",
+        )
+        .unwrap();
+        assert_eq!(p.objects("a_t", Class::Session), ["bee/s1"]);
+        assert_eq!(p.objects("a_t", Class::Agent), ["bee"]);
+        assert!(p.grants_under("a_t", Class::Session, "bee/"));
+        assert!(!p.grants_under("a_t", Class::Session, "cow/"));
+        for bad in
+            ["allow a_t session:s1 read", "allow a_t session:bee/ read", "allow a_t session:bee/s/x read"]
+        {
+            assert!(Policy::from_text(bad.as_bytes()).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn lines_naming_a_subject_and_removing_them() {
@@ -656,7 +707,7 @@ mod tests {
             ("tool", "fs.read", &["execute"]),
             ("model", "openai/gpt-5.6", &["use"]),
             ("shared", "project-a", &["read", "write"]),
-            ("session", "default", &["read", "write", "resume"]),
+            ("session", "reviewer/default", &["read", "write", "resume"]),
             ("mount", "/work", &["read", "write"]),
             ("agent", "reviewer", &["create", "start", "stop", "read", "write"]),
             ("network", "default", &["connect"]),

@@ -614,7 +614,26 @@ impl CtxFs {
                 (rest.len() == 1 && is_dir && !rest[0].ends_with(".d"))
                     || a.model(&self.storage, &parts.join("/"))
             }
-            ["home", uid, ..] => a.uid(&self.storage).is_some_and(|u| u.to_string() == *uid),
+            ["home", uid, rest @ ..] if a.uid(&self.storage).is_some_and(|u| u.to_string() == *uid) => {
+                match rest {
+                    ["agent", other, "session", s, ..] => a.other_agent(&self.storage, other, Some(s), false),
+                    ["agent", other, ..] => a.other_agent(&self.storage, other, None, false),
+                    _ => true,
+                }
+            }
+            // Another uid's home shows only the way to the agents granted there.
+            ["home", uid, rest @ ..] => {
+                let granted = a.granted_homes(&self.storage);
+                let here = |o: &str| granted.iter().any(|(u, n)| u.to_string() == *uid && n == o);
+                match rest {
+                    [] | ["agent"] => granted.iter().any(|(u, _)| u.to_string() == *uid),
+                    ["agent", other, "session", s, ..] => {
+                        here(other) && a.other_agent(&self.storage, other, Some(s), false)
+                    }
+                    ["agent", other, ..] => here(other),
+                    _ => false,
+                }
+            }
             ["shared", name, ..] => a.shared(&self.storage, name) != SharedAccess::None,
             _ => false,
         }
@@ -636,6 +655,18 @@ impl CtxFs {
         }
         let n: Vec<&str> = rel.iter().filter_map(|c| c.to_str()).collect();
         match n.as_slice() {
+            // Another agent's session or directory, visible through a read grant.
+            ["home", _, "agent", other, "session", s, _, ..]
+                if !a.other_agent(&self.storage, other, Some(s), true) =>
+            {
+                Err(err(libc::EACCES))
+            }
+            ["home", _, "agent", other, rest @ ..]
+                if !matches!(rest, ["session", _, _, ..])
+                    && !a.other_agent(&self.storage, other, None, true) =>
+            {
+                Err(err(libc::EACCES))
+            }
             ["shared", name, _, ..] if a.shared(&self.storage, name) != SharedAccess::Write => {
                 Err(err(libc::EACCES))
             }

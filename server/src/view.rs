@@ -287,6 +287,66 @@ impl Authority {
         name == self.spec.agent || self.agent_allows(storage, Class::Agent, name, Permission::Read)
     }
 
+    /// Whether the agent may see (`write` false) or change (`write` true) what another
+    /// agent, `other`, keeps in their home (`home/<uid>/agent/<other>/`), at a path inside
+    /// its session `session` (`None`: outside any one session, e.g. the directory itself or
+    /// its `session/` list). An agent's own directory is its own; another's takes a grant:
+    /// - `agent:<other> read`: sees all of it; `agent:<other> write`: may change all of it;
+    /// - `session:<other>/<s> read` or `resume`: sees that session; `write`: may change it;
+    ///   any session grant also shows the way to it (the directory and `session/`, listing
+    ///   only what may be seen).
+    pub fn other_agent(&self, storage: &Storage, other: &str, session: Option<&str>, write: bool) -> bool {
+        if other == self.spec.agent {
+            return true;
+        }
+        let epoch = self.epoch.stable();
+        let agent = |p| self.agent_allows_at(storage, epoch, Class::Agent, other, p);
+        if agent(Permission::Write) || (!write && agent(Permission::Read)) {
+            return true;
+        }
+        match session {
+            Some(s) => {
+                let object = format!("{other}/{s}");
+                let sess = |p| self.agent_allows_at(storage, epoch, Class::Session, &object, p);
+                sess(Permission::Write) || (!write && (sess(Permission::Read) || sess(Permission::Resume)))
+            }
+            None if write => false,
+            None => {
+                let Some(label) = self.label_at(storage, epoch) else { return false };
+                self.policy(storage, &self.agent_dir().join("policy"), epoch)
+                    .is_some_and(|p| p.grants_under(&label, Class::Session, &format!("{other}/")))
+            }
+        }
+    }
+
+    /// The uids of the homes that hold another agent this one has a grant on (`agent:<x>
+    /// read|write` or a `session:<x>/<s>` grant), with those agents' names: the only other
+    /// homes a view shows, and in them only those agents.
+    pub fn granted_homes(&self, storage: &Storage) -> Vec<(u32, String)> {
+        let epoch = self.epoch.stable();
+        let Some(label) = self.label_at(storage, epoch) else { return Vec::new() };
+        let Some(p) = self.policy(storage, &self.agent_dir().join("policy"), epoch) else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = p.objects(&label, Class::Agent);
+        names.extend(
+            p.objects(&label, Class::Session)
+                .into_iter()
+                .filter_map(|o| Some(o.split_once('/')?.0.to_owned())),
+        );
+        names.sort();
+        names.dedup();
+        names
+            .into_iter()
+            .filter(|n| n != &self.spec.agent && self.other_agent(storage, n, None, false))
+            .filter_map(|n| {
+                let uid = PathBuf::from("agent").join(format!("{n}.d")).join("uid");
+                let uid = self.text(storage, &uid, epoch)?.trim().parse().ok()?;
+                Some((uid, n))
+            })
+            .collect()
+    }
+
     /// The agent's access to `shared/<name>`.
     pub fn shared(&self, storage: &Storage, name: &str) -> SharedAccess {
         let epoch = self.epoch.stable();

@@ -726,3 +726,65 @@ fn an_agent_with_its_own_uid_edits_the_operators_workspace_and_the_files_stay_th
     let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains("/run/cortexfs/agent/editor/"), "the idmapped bind goes with the run");
 }
+
+#[test]
+fn another_agents_sessions_appear_only_with_the_grants_that_name_them() {
+    let h = Host::new();
+    // Two agents on one uid: only the view keeps them apart.
+    h.agent("bee", 5000, &[]);
+    h.agent("wasp", 5000, &[]);
+    let (s1, s2) = (session("one"), session("two"));
+    for s in [&s1, &s2] {
+        let o = h.start("bee", s, &["--wait"], &["/bin/true"]).output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let home = "/ctx/home/5000/agent/bee/session";
+    let probe = |name: &str| {
+        format!(
+            "r=''; ls /ctx/home/5000/agent > /workspace/{name}.agents 2>&1; ls {home} > /workspace/{name}.sessions 2>&1; \
+             cat {home}/{s1}/state >/dev/null 2>&1 && r=\"$r read1\"; cat {home}/{s2}/state >/dev/null 2>&1 && r=\"$r read2\"; \
+             echo '{{\"type\":\"forged\"}}' >> {home}/{s1}/events.jsonl 2>/dev/null && r=\"$r append1\"; \
+             echo '{{\"type\":\"forged\"}}' >> {home}/{s2}/events.jsonl 2>/dev/null && r=\"$r append2\"; \
+             echo hacked > {home}/{s1}/latest.md 2>/dev/null && r=\"$r latest1\"; \
+             echo \"$r\" > /workspace/{name}.did"
+        )
+    };
+    let run = |name: &str, grants: &str| {
+        let policy = h.s.storage.join("agent/wasp.d/policy");
+        fs::write(&policy, grants).unwrap();
+        let o =
+            h.start("wasp", &session(name), &["--wait"], &["/bin/sh", "-c", &probe(name)]).output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        fs::read_to_string(h.work.join(format!("{name}.did"))).unwrap().trim().to_owned()
+    };
+    let read = |f: &str| fs::read_to_string(h.work.join(f)).unwrap();
+    // No grant: bee does not exist for wasp.
+    assert_eq!(run("none", ""), "");
+    assert!(!read("none.agents").contains("bee"), "{}", read("none.agents"));
+    // agent:bee read: all of it, read-only.
+    assert_eq!(run("read", "allow wasp_t agent:bee read\n"), "read1 read2");
+    assert!(read("read.agents").contains("bee"));
+    // session:bee/<s1> read: that session only.
+    assert_eq!(run("sread", &format!("allow wasp_t session:bee/{s1} read\n")), "read1");
+    assert_eq!(read("sread.sessions").trim(), s1, "only the granted session is listed");
+    // session:bee/<s1> write: that one, appendable and writable.
+    assert_eq!(run("swrite", &format!("allow wasp_t session:bee/{s1} write\n")), "read1 append1 latest1");
+    // agent:bee write: everything.
+    assert_eq!(run("write", "allow wasp_t agent:bee write\n"), "read1 read2 append1 append2 latest1");
+    let forged = h.events(5000, "bee", &s2).lines().filter(|l| l.contains("forged")).count();
+    assert_eq!(forged, 1, "only the agent:bee write run appended to the second session");
+
+    // An agent of its own uid: bee's home appears with the grant, and only bee in it.
+    h.agent("ant", 5001, &[]);
+    h.agent("moth", 5000, &[]);
+    fs::write(h.s.storage.join("agent/ant.d/policy"), "allow ant_t agent:bee read\n").unwrap();
+    let script = format!(
+        "ls /ctx/home > /workspace/ant.homes; ls /ctx/home/5000/agent > /workspace/ant.agents; \
+         cat {home}/{s1}/state > /workspace/ant.state"
+    );
+    let o = h.start("ant", &session("ant"), &["--wait"], &["/bin/sh", "-c", &script]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(read("ant.homes").split_whitespace().collect::<Vec<_>>(), ["5000", "5001"]);
+    assert_eq!(read("ant.agents").trim(), "bee", "moth and wasp stay hidden");
+    assert_eq!(read("ant.state"), "done\n");
+}
