@@ -304,26 +304,32 @@ fn a_lifecycle_call_that_cannot_be_recorded_fails_and_changes_nothing() {
     h.tool_policy("agent.update", &["upd_t".to_owned()]);
     let s = session("u");
     let script = format!(
-        "while [ ! -e /workspace/go ]; do sleep 0.05; done; {}; touch /workspace/done",
+        "touch /workspace/ready; while [ ! -e /workspace/go ]; do sleep 0.05; done; {}; touch /workspace/done",
         receipt_call(
             r#"{"op":"agent.update","input":{"control":"system.md","content":"changed"}}"#,
             "/workspace/reply"
         )
     );
-    let run = h.start("upd", &s, &["--wait"], &["/bin/sh", "-c", &script]).spawn().unwrap();
+    let run = h
+        .start("upd", &s, &["--wait"], &["/bin/sh", "-c", &script])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     let events = h.s.storage.join(format!("home/3300/agent/upd/session/{s}/events.jsonl"));
+    // Once the run is under way, the session's events can no longer be appended to.
     let t = std::time::Instant::now();
-    while !events.exists() {
-        assert!(t.elapsed().as_secs() < 30, "the session never appeared");
+    while !h.work.join("ready").exists() {
+        assert!(t.elapsed().as_secs() < 30, "the run never started");
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    // The session's events can no longer be appended to.
     fs::remove_file(&events).unwrap();
     fs::create_dir(&events).unwrap();
     let before = fs::read(h.s.storage.join("agent/upd.d/system.md")).unwrap_or_default();
     fs::write(h.work.join("go"), "").unwrap();
     let o = run.wait_with_output().unwrap();
-    assert!(o.status.success(), "{}", text(&o));
+    let log = fs::read_to_string(format!("/run/cortexfs/agent/upd/{s}/log")).unwrap_or_default();
+    assert!(o.status.success(), "{}\nsupervisor: {log}", text(&o));
     let reply: serde_json::Value =
         serde_json::from_str(&fs::read_to_string(h.work.join("reply")).unwrap()).unwrap();
     assert_eq!(reply["ok"], false, "{reply}");
