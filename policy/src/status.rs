@@ -2,7 +2,8 @@
 //! run's facts that a client inside a sandbox may rely on, since the daemon writes them and
 //! the agent cannot: `view host` or `view agent <name> session <session>`, and in an agent's
 //! view `workspace <path>` (the run's workspace as its sandbox sees it, absent when the run has
-//! none).
+//! none) and `session_of <agent>` (when the run resumes another agent's session: the session
+//! directory is that agent's).
 
 use std::path::PathBuf;
 
@@ -19,6 +20,8 @@ pub enum View {
         session: String,
         /// The run's workspace, if it has one.
         workspace: Option<PathBuf>,
+        /// The agent whose session the run resumes, when not its own.
+        session_of: Option<String>,
     },
 }
 
@@ -36,7 +39,13 @@ pub fn view(status: &str) -> Result<View, String> {
     let w: Vec<&str> = rest.split(' ').collect();
     if let ["agent", name, "session", session] = w.as_slice() {
         let workspace = field(status, "workspace").map(PathBuf::from);
-        return Ok(View::Agent { name: (*name).to_owned(), session: (*session).to_owned(), workspace });
+        let session_of = field(status, "session_of").map(str::to_owned);
+        return Ok(View::Agent {
+            name: (*name).to_owned(),
+            session: (*session).to_owned(),
+            workspace,
+            session_of,
+        });
     }
     Err(format!("unexpected status line \"view {rest}\""))
 }
@@ -50,11 +59,16 @@ mod tests {
         assert_eq!(view("version 1\nview host\n"), Ok(View::Host));
         assert_eq!(
             view("view agent a session s\nworkspace /workspace\n"),
-            Ok(View::Agent { name: "a".into(), session: "s".into(), workspace: Some("/workspace".into()) })
+            Ok(View::Agent {
+                name: "a".into(),
+                session: "s".into(),
+                workspace: Some("/workspace".into()),
+                session_of: None
+            })
         );
         assert_eq!(
             view("view agent a session s\n"),
-            Ok(View::Agent { name: "a".into(), session: "s".into(), workspace: None })
+            Ok(View::Agent { name: "a".into(), session: "s".into(), workspace: None, session_of: None })
         );
         assert!(view("version 1\n").is_err());
         assert!(view("view agent a\n").is_err());

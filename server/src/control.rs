@@ -103,6 +103,7 @@ impl Views {
         session: &str,
         path: Option<&str>,
         workspace: Option<&str>,
+        session_of: Option<&str>,
     ) -> Result<PathBuf, String> {
         policy::name::validate(agent).map_err(|e| format!("invalid agent name {agent:?}: {e}"))?;
         policy::name::validate(session).map_err(|e| format!("invalid session name {session:?}: {e}"))?;
@@ -144,7 +145,15 @@ impl Views {
             }
             None => None,
         };
-        let spec = ViewSpec { agent: agent.to_owned(), session: session.to_owned(), workspace };
+        if let Some(o) = session_of {
+            policy::name::validate(o).map_err(|e| format!("invalid agent name {o:?}: {e}"))?;
+        }
+        let spec = ViewSpec {
+            agent: agent.to_owned(),
+            session: session.to_owned(),
+            workspace,
+            session_of: session_of.map(str::to_owned),
+        };
         let mut fs = CtxFs::new(Config { view: Some(spec.clone()), ..self.base.clone() })
             .map_err(|e| format!("opening storage: {e}"))?;
         if self.cache.load(Ordering::Relaxed) {
@@ -204,9 +213,9 @@ impl Views {
         let s = |k: &str| req.get(k).and_then(Value::as_str);
         let r = match s("op") {
             Some("create") => match (s("agent"), s("session")) {
-                (Some(a), Some(se)) => {
-                    self.create(a, se, s("path"), s("workspace")).map(|p| json!({"ok": true, "path": p}))
-                }
+                (Some(a), Some(se)) => self
+                    .create(a, se, s("path"), s("workspace"), s("session_of"))
+                    .map(|p| json!({"ok": true, "path": p})),
                 _ => Err("create needs agent and session".to_owned()),
             },
             Some("rm") => match s("path") {

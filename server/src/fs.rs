@@ -726,6 +726,9 @@ impl CtxFs {
                 if let Some(w) = &a.spec().workspace {
                     s.push_str(&format!("workspace {}\n", w.display()));
                 }
+                if let Some(o) = &a.spec().session_of {
+                    s.push_str(&format!("session_of {o}\n"));
+                }
             }
         }
         s.push_str(&format!("requests {total}\n"));

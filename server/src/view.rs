@@ -34,6 +34,9 @@ pub struct ViewSpec {
     pub session: String,
     /// The run's workspace as its sandbox sees it (`workspace` in `status`), if it has one.
     pub workspace: Option<PathBuf>,
+    /// The agent whose session the run resumes (`session_of` in `status`), when it is not
+    /// the run's own; that session is the run's own to write.
+    pub session_of: Option<String>,
 }
 
 /// Access to a shared space.
@@ -297,6 +300,9 @@ impl Authority {
     ///   only what may be seen).
     pub fn other_agent(&self, storage: &Storage, other: &str, session: Option<&str>, write: bool) -> bool {
         if other == self.spec.agent {
+            return true;
+        }
+        if self.spec.session_of.as_deref() == Some(other) && session == Some(self.spec.session.as_str()) {
             return true;
         }
         let epoch = self.epoch.stable();

@@ -794,3 +794,53 @@ fn another_agents_sessions_appear_only_with_the_grants_that_name_them() {
     assert_eq!(read("ant.agents").trim(), "bee", "moth and wasp stay hidden");
     assert_eq!(read("ant.state"), "done\n");
 }
+
+#[test]
+fn resuming_another_agents_session_takes_the_resume_grant_and_a_shared_uid() {
+    let h = Host::new();
+    h.agent("owner", 5100, &[]);
+    h.agent("helper", 5100, &["--tool", "fs.read"]);
+    h.agent("stranger", 5101, &["--tool", "fs.read"]);
+    h.tool_policy("fs.read", &["helper_t".to_owned(), "stranger_t".to_owned()]);
+    let s = session("r");
+    let o = h.start("owner", &s, &["--wait"], &["/bin/true"]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let resume = |who: &str| {
+        h.start(who, &s, &["--wait", "--resume", "owner"], &["/bin/sh", "-c", "/ctx/bin/tsh fs.read a.txt"])
+            .output()
+            .unwrap()
+    };
+    let policy = |who: &str, extra: &str| {
+        fs::write(
+            h.s.storage.join(format!("agent/{who}.d/policy")),
+            format!("allow {who}_t tool:fs.read execute\n{extra}"),
+        )
+        .unwrap();
+    };
+    let o = resume("helper");
+    assert_eq!(o.status.code(), Some(13), "no grant: {}", text(&o));
+    policy("helper", &format!("allow helper_t session:owner/{s} read\n"));
+    let o = resume("helper");
+    assert_eq!(o.status.code(), Some(13), "read is not resume: {}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(&format!("session:owner/{s} resume")),
+        "{}",
+        text(&o)
+    );
+    policy("helper", &format!("allow helper_t session:owner/{s} resume\n"));
+    let o = resume("helper");
+    assert!(o.status.success(), "{}", text(&o));
+    let ev = h.events(5100, "owner", &s);
+    assert!(
+        ev.lines().any(|l| l.contains("\"tool.call\"") && l.contains("\"agent\":\"helper\"")),
+        "the helper's call is in the owner's session: {ev}"
+    );
+    assert!(
+        !h.s.storage.join(format!("home/5100/agent/helper/session/{s}")).exists(),
+        "no session of its own"
+    );
+    // Another uid: Linux permissions would refuse its writes, so it does not start.
+    policy("stranger", &format!("allow stranger_t session:owner/{s} resume\n"));
+    let o = resume("stranger");
+    assert_eq!(o.status.code(), Some(13), "{}", text(&o));
+}

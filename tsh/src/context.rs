@@ -22,6 +22,8 @@ pub struct Agent {
     pub name: String,
     /// The session.
     pub session: String,
+    /// The agent whose session directory it is: the agent's own, or the one its run resumes.
+    pub owner: String,
 }
 
 /// Where the `CTX_PATH` in force came from.
@@ -60,7 +62,10 @@ pub struct Context {
 pub fn view_of(status: &str) -> Result<Option<Agent>, String> {
     match policy::status::view(status)? {
         policy::status::View::Host => Ok(None),
-        policy::status::View::Agent { name, session, .. } => Ok(Some(Agent { name, session })),
+        policy::status::View::Agent { name, session, session_of, .. } => {
+            let owner = session_of.unwrap_or_else(|| name.clone());
+            Ok(Some(Agent { name, session, owner }))
+        }
     }
 }
 
@@ -148,7 +153,7 @@ impl Context {
     /// The session directory of the agent terminal, if any.
     pub fn session_dir(&self) -> Option<PathBuf> {
         let a = self.agent.as_ref()?;
-        Some(self.home.join("agent").join(&a.name).join("session").join(&a.session))
+        Some(self.home.join("agent").join(&a.owner).join("session").join(&a.session))
     }
 
     /// How an object path is named in records: relative to `CTX_ROOT` when below it.
@@ -173,7 +178,7 @@ mod tests {
         assert_eq!(view_of("version 1\nview host\n"), Ok(None));
         assert_eq!(
             view_of("view agent coder session s1\nrequests 3\n"),
-            Ok(Some(Agent { name: "coder".into(), session: "s1".into() }))
+            Ok(Some(Agent { name: "coder".into(), session: "s1".into(), owner: "coder".into() }))
         );
         assert!(view_of("view agent coder\n").is_err());
         assert!(view_of("hello\n").is_err());

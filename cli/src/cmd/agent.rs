@@ -195,6 +195,10 @@ pub struct StartArgs {
     /// No /workspace.
     #[arg(long)]
     no_default_workspace: bool,
+    /// Run on agent OTHER's session --session instead of one of this agent's own (the policy
+    /// must grant `session:OTHER/SESSION resume`, and both agents must share a uid).
+    #[arg(long, value_name = "OTHER")]
+    resume: Option<String>,
     /// The host's /ctx mount.
     #[arg(long, default_value = "/ctx")]
     ctx: PathBuf,
@@ -953,6 +957,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                 control: a.control,
                 wait: a.wait,
                 grace: a.grace,
+                resume: a.resume,
             })
         }
         Cmd::Stop { name, session } => launch::stop(&name, &session),

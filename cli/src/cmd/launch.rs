@@ -95,6 +95,8 @@ pub struct Contract {
     runtime: PathBuf,
     control: PathBuf,
     grace: u64,
+    /// The agent whose session this run resumes (`--resume`), when it is not the run's own.
+    session_of: Option<String>,
     /// The command starts once the first client connects (`start --wait` is that client).
     wait_client: bool,
     /// Resource ceilings (see `policy::limits`): memory in bytes, processes, CPU percent.
@@ -163,6 +165,8 @@ pub struct Start {
     pub wait: bool,
     /// Seconds between SIGTERM and SIGKILL at stop.
     pub grace: u64,
+    /// Resume this other agent's session `session` (needs `session:<other>/<session> resume`).
+    pub resume: Option<String>,
     /// The sandbox's memory ceiling in bytes, over the agent's `limits`.
     pub memory: Option<u64>,
     /// Its ceiling on processes and threads, over the agent's `limits`.
@@ -363,6 +367,10 @@ fn contract(s: &Start) -> anyhow::Result<Contract> {
         None => s.cmd.clone(),
     };
     let limits = ceilings(s)?;
+    let session_of = match &s.resume {
+        Some(owner) => Some(resumable(s, owner, &label, &policy, uid)?),
+        None => None,
+    };
     Ok(Contract {
         agent: s.agent.clone(),
         session: s.session.clone(),
@@ -378,6 +386,7 @@ fn contract(s: &Start) -> anyhow::Result<Contract> {
         runtime: runtime_dir(&s.agent, &s.session),
         control: s.control.clone(),
         grace: s.grace,
+        session_of,
         wait_client: s.wait,
         memory: limits.memory,
         pids: limits.pids,
@@ -387,6 +396,42 @@ fn contract(s: &Start) -> anyhow::Result<Contract> {
             .and_then(|t| policy::status::field(&t, "storage").map(PathBuf::from)),
         ctx: s.ctx.clone(),
     })
+}
+
+/// Checks that the run of `s` may resume `owner`'s session: the agent's policy grants
+/// `session:<owner>/<session> resume`, the session exists, and Linux permissions let the
+/// agent write it (the owner's uid is the agent's). Returns the owner.
+fn resumable(s: &Start, owner: &str, label: &str, policy: &Policy, uid: u32) -> anyhow::Result<String> {
+    policy::name::validate(owner).map_err(|e| invalid(format!("--resume {owner:?}: {e}")))?;
+    let object = format!("{owner}/{}", s.session);
+    let q = Query { subject: label, class: Class::Session, object: &object, permission: Permission::Resume };
+    if !policy.allows(&q) {
+        return Err(Exit::new(
+            exit::DENIED,
+            format!("agent/{}.d/policy does not allow {label} session:{object} resume", s.agent),
+        )
+        .into());
+    }
+    let owner_uid: u32 = read_control(&s.ctx, owner, "uid")?
+        .trim()
+        .parse()
+        .map_err(|_| invalid(format!("agent/{owner}.d/uid is not a number")))?;
+    if owner_uid != uid {
+        return Err(Exit::new(
+            exit::DENIED,
+            format!(
+                "session {object} belongs to uid {owner_uid}, agent {} runs as {uid}: Linux permissions \
+                 would refuse its writes (give both agents one uid to share sessions)",
+                s.agent
+            ),
+        )
+        .into());
+    }
+    let dir = crate::cmd::session::dir(&s.ctx, uid, owner, &s.session);
+    if !dir.is_dir() {
+        return Err(Exit::new(exit::FAILURE, format!("agent {owner} has no session {}", s.session)).into());
+    }
+    Ok(owner.to_owned())
 }
 
 /// The run's ceilings: the agent's `limits` (or the defaults), under the flags; none with
@@ -411,6 +456,13 @@ fn ceilings(s: &Start) -> anyhow::Result<policy::limits::Limits> {
         )
     })?;
     Ok(l)
+}
+
+impl Contract {
+    /// The agent whose session directory the run uses: its own, or the one it resumes.
+    fn session_owner(&self) -> &str {
+        self.session_of.as_deref().unwrap_or(&self.agent)
+    }
 }
 
 /// Prepares the run of `s` and starts its supervisor; returns the contract and the supervisor.
@@ -449,7 +501,7 @@ fn spawn(s: &Start) -> anyhow::Result<(Contract, std::process::Child)> {
     rustix::fs::chown(&term, Some(rustix::fs::Uid::from_raw(c.uid)), Some(rustix::fs::Gid::from_raw(c.gid)))?;
     // The session, in the agent's home, owned by the agent.
     let cwd = c.workspace.as_ref().map_or_else(|| "/".to_owned(), |_| "/workspace".to_owned());
-    crate::cmd::session::prepare(&s.ctx, c.uid, c.gid, &c.agent, &c.session, &cwd)?;
+    crate::cmd::session::prepare(&s.ctx, c.uid, c.gid, c.session_owner(), &c.session, &cwd)?;
     crate::cmd::view::call(
         &c.control,
         json!({
@@ -457,6 +509,7 @@ fn spawn(s: &Start) -> anyhow::Result<(Contract, std::process::Child)> {
             "agent": c.agent,
             "session": c.session,
             "path": c.view,
+            "session_of": c.session_of,
             // What the run's tools may touch comes from here, never from the agent's environment.
             "workspace": c.workspace.as_ref().map(|_| "/workspace"),
         }),
@@ -737,7 +790,7 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     if lost {
         lost_view(&c, code);
     } else {
-        crate::cmd::session::finish(&c.ctx, c.uid, &c.agent, &c.session, code);
+        crate::cmd::session::finish(&c.ctx, c.uid, c.session_owner(), &c.session, code);
     }
     let _ = std::fs::write(c.runtime.join("exit"), format!("{code}\n"));
     let _ = crate::cmd::view::call(&c.control, json!({"op": "rm", "path": c.view}));
@@ -776,7 +829,7 @@ fn lost_view(c: &Contract, code: i32) {
     while t.elapsed() < Duration::from_secs(15) && rustix::fs::statfs(c.ctx.join("status")).is_err() {
         std::thread::sleep(Duration::from_millis(100));
     }
-    let dir = crate::cmd::session::dir(&c.ctx, c.uid, &c.agent, &c.session);
+    let dir = crate::cmd::session::dir(&c.ctx, c.uid, c.session_owner(), &c.session);
     let ts = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
     let event = json!({"ts": ts, "type": "run.lost", "agent": c.agent, "session": c.session,
         "status": "error", "reason": "the run's view ended (its daemon is gone); the run was stopped", "code": code});
@@ -785,7 +838,7 @@ fn lost_view(c: &Contract, code: i32) {
         .open(dir.join("events.jsonl"))
         .and_then(|mut f| f.write_all(format!("{event}\n").as_bytes()));
     match appended {
-        Ok(()) => crate::cmd::session::finish(&c.ctx, c.uid, &c.agent, &c.session, code.max(1)),
+        Ok(()) => crate::cmd::session::finish(&c.ctx, c.uid, c.session_owner(), &c.session, code.max(1)),
         Err(e) => {
             eprintln!(
                 "agent {} session {}: cannot record the lost view through {}: {e}",
@@ -794,7 +847,8 @@ fn lost_view(c: &Contract, code: i32) {
                 c.ctx.display()
             );
             if let Some(storage) = &c.storage {
-                let d = storage.join(format!("home/{}/agent/{}/session/{}", c.uid, c.agent, c.session));
+                let d =
+                    storage.join(format!("home/{}/agent/{}/session/{}", c.uid, c.session_owner(), c.session));
                 let _ = std::fs::write(d.join("state"), "error\n");
             }
         }

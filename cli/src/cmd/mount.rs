@@ -91,7 +91,12 @@ fn run_virtiofs(a: &Args, socket: &Path) -> anyhow::Result<()> {
                 )
                 .into());
             }
-            Some(server::ViewSpec { agent: agent.clone(), session: session.clone(), workspace: None })
+            Some(server::ViewSpec {
+                agent: agent.clone(),
+                session: session.clone(),
+                workspace: None,
+                session_of: None,
+            })
         }
         _ => None,
     };

@@ -221,6 +221,7 @@ impl Run {
             control: self.control.clone(),
             wait: false,
             grace: 5,
+            resume: None,
         });
         let _ = std::fs::write(dir.join("status"), if started.is_ok() { "active\n" } else { "error\n" });
         match started {
