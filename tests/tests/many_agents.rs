@@ -221,7 +221,10 @@ fn a_full_disk_reaches_the_writer_as_enospc_and_appends_work_again() {
     }
     let _tmpfs = Unmount(s.storage.clone());
     s.spawn();
-    let h = Host { work: s.dir.path().join("work"), s };
+    let work = s.dir.path().join("work");
+    fs::create_dir_all(&work).unwrap();
+    fs::set_permissions(&work, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let h = Host { work, s };
     let dir = h.s.data_dir("home/0/agent/a/session/full", 0o755, 0);
     let log = dir.join("events.jsonl");
     let mut f = fs::OpenOptions::new().append(true).create(true).mode(0o644).open(&log).unwrap();
@@ -255,12 +258,55 @@ fn a_full_disk_reaches_the_writer_as_enospc_and_appends_work_again() {
         acked.push(l);
     }
     drop(f);
-    let text = fs::read_to_string(h.s.storage.join("home/0/agent/a/session/full/events.jsonl")).unwrap();
-    whole_lines(&text);
+    let kept = fs::read_to_string(h.s.storage.join("home/0/agent/a/session/full/events.jsonl")).unwrap();
+    whole_lines(&kept);
     for l in &acked {
-        assert_eq!(text.matches(l.as_str()).count(), 1, "acknowledged {l:?} kept once");
+        assert_eq!(kept.matches(l.as_str()).count(), 1, "acknowledged {l:?} kept once");
     }
-    assert_eq!(text.lines().filter(|l| l.contains("\"big\"")).count(), bigs, "only acknowledged appends");
+    assert_eq!(kept.lines().filter(|l| l.contains("\"big\"")).count(), bigs, "only acknowledged appends");
+
+    // The same from inside a sandbox, through the agent's view.
+    h.agent("filler", 3250, &[]);
+    let s = session("fd");
+    let events = format!("/ctx/home/3250/agent/filler/session/{s}/events.jsonl");
+    let script = format!(
+        "import os, time\n\
+         def wait(f):\n    while not os.path.exists('/workspace/' + f): time.sleep(0.05)\n\
+         open('/workspace/ready', 'w').close(); wait('full')\n\
+         fd = os.open('{events}', os.O_WRONLY | os.O_APPEND)\n\
+         line = b'{{\"type\":\"big\",\"pad\":\"' + b'z' * (120 << 10) + b'\"}}\\n'\n\
+         err = 0\n\
+         for i in range(40):\n    try: os.write(fd, line)\n    except OSError as e: err = e.errno; break\n\
+         open('/workspace/full.err', 'w').write(str(err)); open('/workspace/tried', 'w').close(); wait('room')\n\
+         os.write(fd, b'{{\"type\":\"after\"}}\\n'); open('/workspace/again', 'w').close()\n"
+    );
+    let run = h
+        .start("filler", &s, &["--wait", "--no-ceilings"], &["/usr/bin/python3", "-c", &script])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let wait_for = |f: &str| {
+        let t = std::time::Instant::now();
+        while !h.work.join(f).exists() {
+            assert!(t.elapsed().as_secs() < 60, "{f} never came");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    };
+    wait_for("ready");
+    let mut fill = fs::File::create(&filler).unwrap();
+    while fill.write_all(&[b'x'; 65536]).is_ok() {}
+    while fill.write_all(&[b'x'; 512]).is_ok() {}
+    drop(fill);
+    fs::write(h.work.join("full"), "").unwrap_or_default();
+    wait_for("tried");
+    fs::remove_file(&filler).unwrap();
+    fs::write(h.work.join("room"), "").unwrap();
+    let o = run.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let err = fs::read_to_string(h.work.join("full.err")).unwrap_or_default();
+    assert_eq!(err, libc::ENOSPC.to_string(), "the agent sees ENOSPC");
+    assert!(h.work.join("again").exists(), "and appends again once there is room");
 }
 
 #[test]

@@ -319,11 +319,15 @@ impl AppendLog {
     }
 
     /// Returns the file to the acknowledged mark `prev` after a refused batch: its bytes cut,
-    /// the evidence settled on `prev`, both synced. A crash at any point leaves `prev` valid.
-    fn cut_back(&self, prev: Mark) -> std::io::Result<()> {
+    /// synced. The evidence on disk names `prev` either way (as `cur` when the batch's evidence
+    /// was never set, as `prev` when it was), so a crash at any point leaves `prev` valid; it is
+    /// settled on `prev` too where the disk still allows (on a full disk replacing an extended
+    /// attribute may itself need space). Returns whether it was.
+    fn cut_back(&self, prev: Mark) -> std::io::Result<bool> {
         self.file.set_len(prev.end)?;
-        portable::set_evidence(&self.file, &Evidence::settled(prev).encode())?;
-        self.file.sync_all()
+        let settled = portable::set_evidence(&self.file, &Evidence::settled(prev).encode()).is_ok();
+        self.file.sync_all()?;
+        Ok(settled)
     }
 
     fn stopped(&self, reason: &str) -> Error {
@@ -418,7 +422,9 @@ impl AppendLog {
         // leading, so no other commit runs) and the log goes on; any other failure stops it.
         let full = match &result {
             Err(e) if is_full(e) => match self.cut_back(prev) {
-                Ok(()) => Some(e.raw_os_error().unwrap_or(rustix::io::Errno::NOSPC.raw_os_error())),
+                Ok(settled) => {
+                    Some((e.raw_os_error().unwrap_or(rustix::io::Errno::NOSPC.raw_os_error()), settled))
+                }
                 Err(cut) => {
                     tracing::error!(path = %self.path.display(), error = %cut, "cutting back a batch that found no space failed");
                     None
@@ -447,14 +453,14 @@ impl AppendLog {
                 tracing::warn!(path = %self.path.display(), error = %e, "log commit found no space; batch refused");
                 // What was queued behind the refused batch follows the acknowledged end now.
                 st.logical_end = prev.end + st.pending.len() as u64;
-                st.settled = true;
+                st.settled = full.is_some_and(|(_, settled)| settled);
                 st.reserved = 0;
                 let mut batch = batch;
                 batch.clear();
                 st.spare = batch;
                 for w in &waiters {
-                    w.failed
-                        .store(full.unwrap_or(rustix::io::Errno::NOSPC.raw_os_error()), Ordering::Release);
+                    let errno = full.map_or(rustix::io::Errno::NOSPC.raw_os_error(), |(errno, _)| errno);
+                    w.failed.store(errno, Ordering::Release);
                 }
                 Err(Error::io("append", &self.path, e))
             }
