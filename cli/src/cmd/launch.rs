@@ -619,10 +619,14 @@ pub fn start(s: Start) -> anyhow::Result<()> {
 /// Runs the supervisor (`ctx agent supervise CONTRACT`).
 pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     let c: Contract = serde_json::from_slice(&std::fs::read(contract_file)?)?;
-    let term_flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Signals asking the run to stop arrive on a pipe, so that one poll waits for them and for
+    // the sandbox to end (its pidfd).
+    let (signals, signalled) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK)?;
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT, signal_hook::consts::SIGHUP] {
-        signal_hook::flag::register(sig, std::sync::Arc::clone(&term_flag))?;
+        signal_hook::low_level::pipe::register(sig, signalled.try_clone()?)?;
     }
+    drop(signalled);
     let run = crate::cmd::receipt::Run {
         agent: c.agent.clone(),
         session: c.session.clone(),
@@ -740,40 +744,68 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     cmd.env_clear().env("PATH", "/usr/bin:/bin").stdin(Stdio::null());
     let mut child = cmd.spawn().map_err(|e| Exit::new(exit::UNAVAILABLE, format!("setpriv/bwrap: {e}")))?;
     let pid = rustix::process::Pid::from_child(&child);
+    let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+        .map_err(|e| Exit::new(exit::INTERNAL, format!("pidfd_open: {e}")))?;
     let mut killed_at: Option<Instant> = None;
-    let mut ticks = 0u32;
+    let mut stopping = false;
     let mut lost = false;
+    let mut checked = Instant::now();
+    // Housekeeping (children that ended, whether the view still answers) once a second; the
+    // sandbox's end and signals wake the wait at once.
+    const TICK: Duration = Duration::from_secs(1);
     let status = loop {
-        if let Some(st) = child.try_wait()? {
+        let wait = match killed_at {
+            // Until the grace ends, then while SIGKILL takes effect.
+            Some(t) => Duration::from_secs(c.grace)
+                .saturating_sub(t.elapsed())
+                .clamp(Duration::from_millis(20), TICK),
+            None => TICK.saturating_sub(checked.elapsed()),
+        };
+        let timeout = rustix::event::Timespec::try_from(wait)
+            .unwrap_or(rustix::event::Timespec { tv_sec: 1, tv_nsec: 0 });
+        let mut fds = [
+            rustix::event::PollFd::new(&pidfd, rustix::event::PollFlags::IN),
+            rustix::event::PollFd::new(&signals, rustix::event::PollFlags::IN),
+        ];
+        match rustix::event::poll(&mut fds, Some(&timeout)) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(Exit::new(exit::INTERNAL, format!("poll: {e}")).into()),
+        }
+        let (ended, asked) = (!fds[0].revents().is_empty(), !fds[1].revents().is_empty());
+        if ended && let Some(st) = child.try_wait()? {
             break st;
         }
-        ticks += 1;
-        if ticks.is_multiple_of(20) {
+        if asked {
+            let mut drain = [0u8; 64];
+            while rustix::io::read(&signals, &mut drain).is_ok_and(|n| n > 0) {}
+            stopping = true;
+        }
+        if checked.elapsed() >= TICK {
+            checked = Instant::now();
             run.reap(&children);
+            // A view whose daemon is gone is a world that no longer answers: the run is
+            // stopped and its session says why.
+            if !lost && !view_answers(&c.view) {
+                lost = true;
+                stopping = true;
+                eprintln!(
+                    "agent {} session {}: its view is gone (the daemon ended): stopping the run",
+                    c.agent, c.session
+                );
+            }
         }
-        // A view whose daemon is gone (ENOTCONN) is a world that no longer answers: the run
-        // is stopped and its session says why.
-        if ticks.is_multiple_of(50) && !lost && !view_answers(&c.view) {
-            lost = true;
-            eprintln!(
-                "agent {} session {}: its view is gone (the daemon ended): stopping the run",
-                c.agent, c.session
-            );
-            term_flag.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-        if term_flag.load(std::sync::atomic::Ordering::Relaxed) {
+        if stopping {
             match killed_at {
                 None => {
                     let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
                     killed_at = Some(Instant::now());
                 }
-                Some(t) if t.elapsed() > Duration::from_secs(c.grace) => {
+                Some(t) if t.elapsed() >= Duration::from_secs(c.grace) => {
                     let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
                 }
                 Some(_) => {}
             }
         }
-        std::thread::sleep(Duration::from_millis(10));
     };
     let code = tsh::run::code_of(status);
     // Owned children go with their parent; their history stays.
