@@ -23,7 +23,10 @@ test:
 	@scripts/host-setup
 	@CARGO="$(CARGO)" scripts/install-test-tools
 	$(CARGO) fmt --all -- --check
+	@CARGO="$(CARGO)" scripts/layers
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --quiet
+	$(CARGO) check --manifest-path fuzz/Cargo.toml --quiet
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
 
