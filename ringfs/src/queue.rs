@@ -414,7 +414,8 @@ impl Queue {
         let p = self.path(LEASE, job).join("worker");
         let mut s = String::new();
         match File::open(&p) {
-            Ok(mut f) => f.read_to_string(&mut s).map_err(|e| Error::io("read", &p, e))?,
+            // A lease record is a few dozen bytes; anything longer is not one.
+            Ok(f) => f.take(4096).read_to_string(&mut s).map_err(|e| Error::io("read", &p, e))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(Error::io("open", &p, e)),
         };

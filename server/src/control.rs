@@ -10,7 +10,7 @@
 //!
 //! Only peers with uid 0 (checked with `SO_PEERCRED`, not claimed) are served.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -26,6 +26,8 @@ use crate::{Config, CtxFs, ViewSpec};
 pub const DEFAULT_SOCKET: &str = "/run/cortexfs/control.sock";
 /// Where views are mounted by default.
 pub const DEFAULT_VIEW_ROOT: &str = "/run/cortexfs/view";
+/// Most bytes of one control-socket request line.
+const REQUEST_MAX: usize = 64 * 1024;
 
 struct View {
     spec: ViewSpec,
@@ -240,8 +242,22 @@ fn serve_client(views: &Views, stream: UnixStream) {
         );
         return;
     }
-    for line in BufReader::new(stream).lines() {
-        let Ok(line) = line else { return };
+    let mut lines = BufReader::new(stream);
+    loop {
+        // A request is one line of at most REQUEST_MAX bytes; a longer one ends the client.
+        let mut line = String::new();
+        match (&mut lines).take(REQUEST_MAX as u64 + 1).read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(n) if n > REQUEST_MAX || !line.ends_with('\n') => {
+                let _ = writeln!(
+                    out,
+                    "{}",
+                    json!({"ok": false, "error": format!("invalid request: longer than {REQUEST_MAX} bytes")})
+                );
+                return;
+            }
+            Ok(_) => {}
+        }
         let reply = match serde_json::from_str::<Value>(&line) {
             Ok(req) => views.handle(&req),
             Err(e) => json!({"ok": false, "error": format!("invalid request: {e}")}),
@@ -252,7 +268,6 @@ fn serve_client(views: &Views, stream: UnixStream) {
     }
 }
 
-/// Listens on `socket` (mode 0600) and serves requests on a thread per client.
 /// Detaches every view mounted under [`DEFAULT_VIEW_ROOT`] whose server is gone (a daemon
 /// that crashed or was killed leaves them: `ENOTCONN`), and removes its directory; returns
 /// their paths. Views of a daemon still running answer and are left alone.
@@ -280,6 +295,7 @@ pub fn clean_dead_views() -> Vec<PathBuf> {
     dead
 }
 
+/// Listens on `socket` (mode 0600) and serves requests on a thread per client.
 pub fn listen(socket: &Path, views: Arc<Views>) -> std::io::Result<()> {
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir)?;
