@@ -12,8 +12,8 @@
 //!
 //! It talks to `/ctx` as files and sockets and never links the server. Depends on `policy`.
 
+pub mod binds;
 pub mod cgroups;
-pub mod idmap;
 pub mod ring;
 pub mod seccomp;
 mod sys;

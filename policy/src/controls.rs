@@ -71,8 +71,10 @@ const AGENT_HOST: &[&str] = &[
     "abi",
     "approval",
     "meta.json",
-    // CortexFS's own: the run's resource ceilings (see crate::limits).
+    // CortexFS's own: the run's resource ceilings (see crate::limits) and its timeout in
+    // seconds (one number; empty for none).
     "limits",
+    "timeout",
 ];
 const AGENT_SELF: &[&str] = &["system.md", "prompt.template.md"];
 const RUNTIME: &[&str] = &["status", "log", "pid"];
@@ -212,6 +214,15 @@ pub fn validate(class: ObjectClass, object: &str, control: &str, bytes: &[u8]) -
         }),
         "label" => v0::check_subject(one_line(bytes)?),
         "limits" => crate::limits::parse(bytes).map(drop),
+        "timeout" => match text(bytes)?.trim() {
+            "" => Ok(()),
+            t => t
+                .parse::<u64>()
+                .ok()
+                .filter(|&t| t > 0)
+                .map(drop)
+                .ok_or_else(|| format!("{t:?} is not a number of seconds")),
+        },
         _ => text(bytes).map(drop),
     }
 }

@@ -890,3 +890,96 @@ fn resuming_another_agents_session_takes_the_resume_grant_and_a_shared_uid() {
     let o = resume("stranger");
     assert_eq!(o.status.code(), Some(13), "{}", text(&o));
 }
+
+#[test]
+fn every_agent_control_counts_at_launch() {
+    use std::os::unix::fs::PermissionsExt;
+    let h = Host::new();
+    let tree = h.s.dir.path().join("tree");
+    fs::create_dir_all(&tree).unwrap();
+    fs::write(tree.join("run.sh"), "#!/bin/sh\necho ran\n").unwrap();
+    fs::set_permissions(tree.join("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+    let locked = h.s.dir.path().join("grouponly");
+    fs::create_dir_all(&locked).unwrap();
+    fs::write(locked.join("f"), "group\n").unwrap();
+    rustix::fs::chown(&locked, None, Some(rustix::fs::Gid::from_raw(4242))).unwrap();
+    fs::set_permissions(&locked, fs::Permissions::from_mode(0o770)).unwrap();
+    let t = tree.to_str().unwrap();
+    let l = locked.to_str().unwrap();
+    h.agent(
+        "ctl",
+        6000,
+        &[
+            "--groups",
+            "4242",
+            "--shared",
+            "proj:read",
+            "--mount",
+            t,
+            "/tree",
+            "rw,noexec,nosuid,nodev",
+            "--mount",
+            l,
+            "/grouponly",
+            "ro",
+        ],
+    );
+    let d = h.s.storage.join("agent/ctl.d");
+    fs::write(d.join("env"), "FOO=bar\n# a comment\nLANG=C\n").unwrap();
+    fs::write(d.join("cwd"), "/tmp\n").unwrap();
+    fs::create_dir_all(h.s.storage.join("shared/proj/tool")).unwrap();
+    let g = locked.display();
+    let script = format!(
+        "pwd > /workspace/pwd; env > /workspace/env; /tree/run.sh > /workspace/exec 2>&1; echo $? >> /workspace/exec; \
+         grep ' /tree ' /proc/self/mountinfo > /workspace/tree; touch /workspace/made; \
+         ls {g} > /workspace/group 2>&1"
+    );
+    let o = Command::new("/bin/sh")
+        .arg("-c")
+        .arg("umask 000; exec \"$@\"")
+        .arg("sh")
+        .arg(tests::bin("ctx"))
+        .args(["agent", "start", "ctl", "--session", &session("c"), "--wait", "--ctx"])
+        .arg(&h.s.mnt)
+        .arg("--control")
+        .arg(&h.s.control)
+        .arg("--cwd")
+        .arg(&h.work)
+        .args(["--", "/bin/sh", "-c", &script.replace(&g.to_string(), "/grouponly")])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let read = |f: &str| fs::read_to_string(h.work.join(f)).unwrap_or_default();
+    assert_eq!(read("pwd"), "/tmp\n", "cwd");
+    let env = read("env");
+    assert!(env.lines().any(|l| l == "FOO=bar"), "env: {env}");
+    let ctx_path = env.lines().find_map(|l| l.strip_prefix("CTX_PATH=")).unwrap_or_default().to_owned();
+    assert!(
+        ctx_path.split(':').any(|p| p == "/ctx/shared/proj/tool"),
+        "CTX_PATH has the space's tools: {ctx_path}"
+    );
+    assert!(read("exec").contains("Permission denied"), "noexec refuses an exec: {}", read("exec"));
+    let tree_line = read("tree");
+    for flag in ["nosuid", "nodev", "noexec"] {
+        assert!(tree_line.contains(flag), "{flag} on /tree: {tree_line}");
+    }
+    let mode = fs::metadata(h.work.join("made")).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o644, "the sandbox's umask, whatever the operator's");
+    assert_eq!(read("group"), "f\n", "the agent's supplementary group opens what it owns");
+    // A reserved variable is refused before anything starts.
+    fs::write(d.join("env"), "PATH=/evil\n").unwrap();
+    let o = h.start("ctl", &session("r"), &["--wait"], &["/bin/true"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("PATH is set by the launcher"), "{}", text(&o));
+    fs::write(d.join("env"), "").unwrap();
+    // A run that outlives its timeout is stopped, and its session says so.
+    let s = session("t");
+    let t0 = std::time::Instant::now();
+    let o = h.start("ctl", &s, &["--wait", "--timeout", "1"], &["/bin/sleep", "30"]).output().unwrap();
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(t0.elapsed().as_secs() < 15, "stopped at its timeout");
+    assert!(h.events(6000, "ctl", &s).contains("\"run.timeout\""), "{}", h.events(6000, "ctl", &s));
+    let state =
+        fs::read_to_string(h.s.storage.join(format!("home/6000/agent/ctl/session/{s}/state"))).unwrap();
+    assert_eq!(state, "error\n");
+}

@@ -199,6 +199,9 @@ pub struct StartArgs {
     /// must grant `session:OTHER/SESSION resume`, and both agents must share a uid).
     #[arg(long, value_name = "OTHER")]
     resume: Option<String>,
+    /// Stop the run after SECONDS (over agent/NAME.d/timeout); its session says so.
+    #[arg(long, value_name = "SECONDS")]
+    timeout: Option<u64>,
     /// The host's /ctx mount.
     #[arg(long, default_value = "/ctx")]
     ctx: PathBuf,
@@ -958,6 +961,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                 wait: a.wait,
                 grace: a.grace,
                 resume: a.resume,
+                timeout: a.timeout,
             })
         }
         Cmd::Stop { name, session } => launch::stop(&name, &session),

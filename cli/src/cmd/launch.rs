@@ -77,6 +77,35 @@ pub const PROFILES: &[Profile] = &[
     },
 ];
 
+/// One bind of the mount table, with its flags.
+#[derive(Debug, Serialize, Deserialize)]
+struct Bind {
+    source: PathBuf,
+    target: PathBuf,
+    rw: bool,
+    nosuid: bool,
+    nodev: bool,
+    noexec: bool,
+}
+
+/// The umask of everything in a sandbox: files an agent creates are not writable by others.
+pub const SANDBOX_UMASK: u32 = 0o022;
+
+/// Variables the launcher sets that an agent's `env` control may not change.
+pub const RESERVED_ENV: &[&str] = &[
+    "CTX_ROOT",
+    "CTX_HOME",
+    "CTX_AGENT",
+    "CTX_SESSION",
+    "CTX_PATH",
+    "CTX_WORKSPACE",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "PATH",
+];
+
 /// Everything a sandbox is started from, decided before anything is spawned.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Contract {
@@ -88,8 +117,12 @@ pub struct Contract {
     network: bool,
     view: PathBuf,
     workspace: Option<PathBuf>,
-    /// Extra mounts: source, target, writable.
-    mounts: Vec<(PathBuf, PathBuf, bool)>,
+    /// The mount table: the agent's own, then the operator's `--mount`s.
+    mounts: Vec<Bind>,
+    /// The working directory inside the sandbox (the agent's `cwd`).
+    cwd: String,
+    /// Seconds the run may last (the agent's `timeout`, or `--timeout`).
+    timeout: Option<u64>,
     env: Vec<(String, String)>,
     cmd: Vec<String>,
     runtime: PathBuf,
@@ -167,6 +200,8 @@ pub struct Start {
     pub grace: u64,
     /// Resume this other agent's session `session` (needs `session:<other>/<session> resume`).
     pub resume: Option<String>,
+    /// Stop the run after this many seconds, over the agent's `timeout`.
+    pub timeout: Option<u64>,
     /// The sandbox's memory ceiling in bytes, over the agent's `limits`.
     pub memory: Option<u64>,
     /// Its ceiling on processes and threads, over the agent's `limits`.
@@ -295,12 +330,26 @@ fn contract(s: &Start) -> anyhow::Result<Contract> {
         let why: Vec<String> = errs.iter().map(ToString::to_string).collect();
         invalid(format!("agent/{}.d/mount: {}", s.agent, why.join("; ")))
     })?;
-    let mut mounts: Vec<(PathBuf, PathBuf, bool)> = table
+    let mut mounts: Vec<Bind> = table
         .iter()
-        .map(|m| (PathBuf::from(&m.source), PathBuf::from(&m.target), m.mode == policy::mount::MountMode::Rw))
+        .map(|m| Bind {
+            source: PathBuf::from(&m.source),
+            target: PathBuf::from(&m.target),
+            rw: m.mode == policy::mount::MountMode::Rw,
+            nosuid: m.options.nosuid,
+            nodev: m.options.nodev,
+            noexec: m.options.noexec,
+        })
         .collect();
-    mounts.extend(s.mounts.iter().cloned());
-    for (src, tgt, rw) in &mounts {
+    mounts.extend(s.mounts.iter().map(|(source, target, rw)| Bind {
+        source: source.clone(),
+        target: target.clone(),
+        rw: *rw,
+        nosuid: true,
+        nodev: true,
+        noexec: false,
+    }));
+    for Bind { source: src, target: tgt, rw, .. } in &mounts {
         let target = tgt.to_string_lossy();
         let allows = |permission| {
             policy.allows(&Query { subject: &label, class: Class::Mount, object: &target, permission })
@@ -330,12 +379,26 @@ fn contract(s: &Start) -> anyhow::Result<Contract> {
         })
     };
     let home = format!("/ctx/home/{uid}");
+    // CTX_PATH: the agent's `path`, then the tool directories of the shared spaces it may see.
+    let path_control = read_control(&s.ctx, &s.agent, "path").unwrap_or_default();
+    let mut ctx_path: Vec<String> = if path_control.trim().is_empty() {
+        vec!["/ctx/tool".to_owned(), format!("{home}/tool")]
+    } else {
+        policy::tshconf::parse_ctx_path(path_control.trim())
+            .map_err(|e| invalid(format!("agent/{}.d/path: {e}", s.agent)))?
+    };
+    for space in policy.objects(&label, Class::Shared) {
+        let dir = format!("/ctx/shared/{space}/tool");
+        if !ctx_path.contains(&dir) {
+            ctx_path.push(dir);
+        }
+    }
     let mut env = vec![
         ("CTX_ROOT".to_owned(), "/ctx".to_owned()),
         ("CTX_HOME".to_owned(), home.clone()),
         ("CTX_AGENT".to_owned(), s.agent.clone()),
         ("CTX_SESSION".to_owned(), s.session.clone()),
-        ("CTX_PATH".to_owned(), format!("/ctx/tool:{home}/tool")),
+        ("CTX_PATH".to_owned(), ctx_path.join(":")),
         ("HOME".to_owned(), "/home/agent".to_owned()),
         ("USER".to_owned(), s.agent.clone()),
         ("LOGNAME".to_owned(), s.agent.clone()),
@@ -347,6 +410,43 @@ fn contract(s: &Start) -> anyhow::Result<Contract> {
     if workspace.is_some() {
         env.push(("CTX_WORKSPACE".to_owned(), "/workspace".to_owned()));
     }
+    // The agent's own variables: KEY=VALUE lines; the launcher's are not theirs to change.
+    for line in read_control(&s.ctx, &s.agent, "env").unwrap_or_default().lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (k, v) = line
+            .split_once('=')
+            .filter(|(k, _)| !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+            .ok_or_else(|| invalid(format!("agent/{}.d/env: {line:?} is not KEY=VALUE", s.agent)))?;
+        if RESERVED_ENV.contains(&k) {
+            return Err(invalid(format!(
+                "agent/{}.d/env: {k} is set by the launcher and cannot be changed (reserved: {})",
+                s.agent,
+                RESERVED_ENV.join(" ")
+            )));
+        }
+        env.retain(|(key, _)| key != k);
+        env.push((k.to_owned(), v.to_owned()));
+    }
+    let cwd = match read_control(&s.ctx, &s.agent, "cwd").unwrap_or_default().trim() {
+        "" | "/workspace" if workspace.is_none() => "/".to_owned(),
+        "" => "/workspace".to_owned(),
+        c => {
+            policy::path::check_absolute(c).map_err(|e| invalid(format!("agent/{}.d/cwd: {e}", s.agent)))?;
+            c.to_owned()
+        }
+    };
+    let timeout = match s.timeout {
+        Some(t) => Some(t),
+        None => match read_control(&s.ctx, &s.agent, "timeout").unwrap_or_default().trim() {
+            "" => None,
+            t => Some(t.parse::<u64>().ok().filter(|&t| t > 0).ok_or_else(|| {
+                invalid(format!("agent/{}.d/timeout: {t:?} is not a number of seconds", s.agent))
+            })?),
+        },
+    };
     let cmd = match &s.profile {
         Some(name) => {
             let p = PROFILES.iter().find(|p| p.name == name).ok_or_else(|| {
@@ -381,6 +481,8 @@ fn contract(s: &Start) -> anyhow::Result<Contract> {
         view: Path::new(server::control::DEFAULT_VIEW_ROOT).join(&s.agent).join(&s.session),
         workspace,
         mounts,
+        cwd,
+        timeout,
         env,
         cmd,
         runtime: runtime_dir(&s.agent, &s.session),
@@ -675,7 +777,13 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
                 Some(w.clone())
             } else {
                 std::fs::create_dir_all(&idmapped)?;
-                match ctxterm::idmap::bind(w, &idmapped, (m.uid(), m.gid()), (c.uid, c.gid)) {
+                let attrs = ctxterm::binds::Attrs {
+                    idmap: Some(((m.uid(), m.gid()), (c.uid, c.gid))),
+                    nosuid: true,
+                    nodev: true,
+                    ..Default::default()
+                };
+                match ctxterm::binds::bind(w, &idmapped, &attrs) {
                     Ok(()) => Some(idmapped.clone()),
                     Err(e) => {
                         eprintln!("ctx: {e}; binding it as it is (the agent has what mode bits give it)");
@@ -724,12 +832,28 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     cmd.arg("--bind").arg(c.runtime.join("receipt")).arg("/run/cortexfs/receipt");
     if let Some(w) = &workspace {
         cmd.arg("--bind").arg(w).arg("/workspace");
-        cmd.args(["--chdir", "/workspace"]);
-    } else {
-        cmd.args(["--chdir", "/"]);
     }
-    for (src, tgt, rw) in &c.mounts {
-        cmd.arg(if *rw { "--bind" } else { "--ro-bind" }).arg(src).arg(tgt);
+    cmd.arg("--chdir").arg(&c.cwd);
+    // The mount table, each bind prepared with its flags (bwrap's own binds cannot say noexec).
+    let prepared = c.runtime.join("mounts");
+    for (i, b) in c.mounts.iter().enumerate() {
+        let at = prepared.join(i.to_string());
+        std::fs::create_dir_all(&prepared)?;
+        if b.source.is_dir() {
+            std::fs::create_dir_all(&at)?;
+        } else {
+            std::fs::File::create(&at)?;
+        }
+        let attrs = ctxterm::binds::Attrs {
+            nosuid: b.nosuid,
+            nodev: b.nodev,
+            noexec: b.noexec,
+            rdonly: !b.rw,
+            idmap: None,
+        };
+        ctxterm::binds::bind(&b.source, &at, &attrs)
+            .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("mount {}: {e}", b.target.display())))?;
+        cmd.arg(if b.rw { "--bind" } else { "--ro-bind" }).arg(&at).arg(&b.target);
     }
     cmd.arg("--clearenv");
     for (k, v) in &c.env {
@@ -742,7 +866,11 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     cmd.arg("--");
     cmd.args(&c.cmd);
     cmd.env_clear().env("PATH", "/usr/bin:/bin").stdin(Stdio::null());
+    // Inherited through setpriv and bwrap by everything in the sandbox.
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(SANDBOX_UMASK));
     let mut child = cmd.spawn().map_err(|e| Exit::new(exit::UNAVAILABLE, format!("setpriv/bwrap: {e}")))?;
+    let started = Instant::now();
+    let mut timed_out = false;
     let pid = rustix::process::Pid::from_child(&child);
     let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
         .map_err(|e| Exit::new(exit::INTERNAL, format!("pidfd_open: {e}")))?;
@@ -779,6 +907,11 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
             let mut drain = [0u8; 64];
             while rustix::io::read(&signals, &mut drain).is_ok_and(|n| n > 0) {}
             stopping = true;
+        }
+        if !stopping && c.timeout.is_some_and(|t| started.elapsed() >= Duration::from_secs(t)) {
+            timed_out = true;
+            stopping = true;
+            eprintln!("agent {} session {}: its timeout ran out: stopping the run", c.agent, c.session);
         }
         if checked.elapsed() >= TICK {
             checked = Instant::now();
@@ -821,6 +954,14 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     }
     if lost {
         lost_view(&c, code);
+    } else if timed_out {
+        ended_event(
+            &c,
+            "run.timeout",
+            &format!("the run's timeout ({} s) ran out; it was stopped", c.timeout.unwrap_or(0)),
+            code,
+        );
+        crate::cmd::session::finish(&c.ctx, c.uid, c.session_owner(), &c.session, code.max(1));
     } else {
         crate::cmd::session::finish(&c.ctx, c.uid, c.session_owner(), &c.session, code);
     }
@@ -835,6 +976,10 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
         let _ = rustix::mount::unmount(&idmapped, rustix::mount::UnmountFlags::DETACH);
         let _ = std::fs::remove_dir(&idmapped);
     }
+    for i in 0..c.mounts.len() {
+        let _ = rustix::mount::unmount(prepared.join(i.to_string()), rustix::mount::UnmountFlags::DETACH);
+    }
+    let _ = std::fs::remove_dir_all(&prepared);
     // What stays of a run is its status (`exit`) and the supervisor's own log (0600).
     let _ = std::fs::remove_dir_all(c.runtime.join("term"));
     let _ = std::fs::remove_dir_all(c.runtime.join("receipt"));
@@ -851,6 +996,21 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
 fn view_answers(path: &Path) -> bool {
     const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
     rustix::fs::statfs(path).is_ok_and(|st| st.f_type == FUSE_SUPER_MAGIC)
+}
+
+/// Appends an event saying why a run ended to its session, through /ctx.
+fn ended_event(c: &Contract, kind: &str, reason: &str, code: i32) {
+    let dir = crate::cmd::session::dir(&c.ctx, c.uid, c.session_owner(), &c.session);
+    let ts = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+    let event = json!({"ts": ts, "type": kind, "agent": c.agent, "session": c.session,
+        "status": "error", "reason": reason, "code": code});
+    if let Err(e) = std::fs::OpenOptions::new()
+        .append(true)
+        .open(dir.join("events.jsonl"))
+        .and_then(|mut f| f.write_all(format!("{event}\n").as_bytes()))
+    {
+        eprintln!("agent {} session {}: cannot record {kind}: {e}", c.agent, c.session);
+    }
 }
 
 /// Marks the session of a run stopped because its view died: `state` error and a `run.lost`

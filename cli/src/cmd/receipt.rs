@@ -222,6 +222,7 @@ impl Run {
             wait: false,
             grace: 5,
             resume: None,
+            timeout: None,
         });
         let _ = std::fs::write(dir.join("status"), if started.is_ok() { "active\n" } else { "error\n" });
         match started {

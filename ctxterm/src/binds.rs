@@ -1,4 +1,10 @@
-//! The operator's workspace for an agent with an identity of its own: an idmapped bind.
+//! Binds prepared outside the sandbox, with what bubblewrap's own binds cannot say: mount
+//! flags (`nosuid`, `nodev`, `noexec`, read-only) and an idmapping. The launcher makes each one
+//! under the run's directory (`open_tree` clone, `mount_setattr`, `move_mount`) and binds that
+//! into the sandbox, where its flags are locked (a mount namespace of another user namespace
+//! cannot clear them).
+//!
+//! The operator's workspace for an agent with an identity of its own is an idmapped bind.
 //!
 //! An agent runs as its own uid, but the workspace it is handed belongs to the operator. The
 //! launcher binds it at `/workspace` through an idmapped mount (Linux 5.12+, on filesystems
@@ -19,7 +25,7 @@ use rustix::mount::{MoveMountFlags, OpenTreeFlags};
 
 /// Why the idmapped bind could not be made.
 #[derive(Debug, thiserror::Error)]
-#[error("idmapped bind of {what}: {why}")]
+#[error("bind of {what}: {why}")]
 pub struct Error {
     what: String,
     why: String,
@@ -60,15 +66,41 @@ fn userns(uid: u32, gid: u32, as_uid: u32, as_gid: u32) -> Result<OwnedFd, Strin
     result
 }
 
-/// Binds `source` at `target` (an existing empty directory) so that its owner's `uid`/`gid`
-/// show as `as_uid`/`as_gid`.
-pub fn bind(
-    source: &Path,
-    target: &Path,
-    (uid, gid): (u32, u32),
-    (as_uid, as_gid): (u32, u32),
-) -> Result<(), Error> {
-    let ns = userns(uid, gid, as_uid, as_gid).map_err(|e| fail(source, e))?;
+/// What a prepared bind applies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Attrs {
+    /// Show the owner `(uid, gid)` as `(as_uid, as_gid)`.
+    pub idmap: Option<((u32, u32), (u32, u32))>,
+    /// `nosuid`.
+    pub nosuid: bool,
+    /// `nodev`.
+    pub nodev: bool,
+    /// `noexec`.
+    pub noexec: bool,
+    /// Read-only.
+    pub rdonly: bool,
+}
+
+/// Binds `source` at `target` (an existing empty directory) with `attrs`.
+pub fn bind(source: &Path, target: &Path, attrs: &Attrs) -> Result<(), Error> {
+    let ns = match attrs.idmap {
+        Some(((uid, gid), (as_uid, as_gid))) => {
+            Some(userns(uid, gid, as_uid, as_gid).map_err(|e| fail(source, e))?)
+        }
+        None => None,
+    };
+    let mut set = 0;
+    for (on, flag) in [
+        (ns.is_some(), libc::MOUNT_ATTR_IDMAP),
+        (attrs.nosuid, libc::MOUNT_ATTR_NOSUID),
+        (attrs.nodev, libc::MOUNT_ATTR_NODEV),
+        (attrs.noexec, libc::MOUNT_ATTR_NOEXEC),
+        (attrs.rdonly, libc::MOUNT_ATTR_RDONLY),
+    ] {
+        if on {
+            set |= flag;
+        }
+    }
     let tree = rustix::mount::open_tree(
         rustix::fs::CWD,
         source,
@@ -76,10 +108,10 @@ pub fn bind(
     )
     .map_err(|e| fail(source, format!("open_tree: {e}")))?;
     let attr = libc::mount_attr {
-        attr_set: libc::MOUNT_ATTR_IDMAP,
+        attr_set: set,
         attr_clr: 0,
         propagation: 0,
-        userns_fd: ns.as_raw_fd() as u64,
+        userns_fd: ns.as_ref().map_or(0, |n| n.as_raw_fd() as u64),
     };
     // SAFETY: mount_setattr(2) reads `size_of::<mount_attr>()` bytes from `&attr`, which is a
     // live, initialized `struct mount_attr`; the path is a NUL-terminated empty string and
@@ -96,10 +128,8 @@ pub fn bind(
     };
     if r != 0 {
         let e = std::io::Error::last_os_error();
-        return Err(fail(
-            source,
-            format!("mount_setattr: {e} (the filesystem may not support idmapped mounts)"),
-        ));
+        let why = if ns.is_some() { " (the filesystem may not support idmapped mounts)" } else { "" };
+        return Err(fail(source, format!("mount_setattr: {e}{why}")));
     }
     rustix::mount::move_mount(
         tree.as_fd(),
