@@ -757,6 +757,19 @@ fn e_path(dir: &Path, n: &str) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
+    /// The lease record's format, field for field: leases written by one version are read by
+    /// the next (other hosts may run another).
+    #[test]
+    fn golden_lease_record_of_version_1() {
+        let golden = include_str!("../fixtures/lease-v1.json");
+        let rec: super::LeaseRecord = serde_json::from_str(golden).unwrap();
+        assert_eq!(
+            (rec.worker.as_str(), rec.pid, rec.claim, rec.at_ms),
+            ("w1", 4242, 123_456_789, 1_796_160_000_000)
+        );
+        assert_eq!(serde_json::to_string(&rec).unwrap(), golden);
+    }
+
     use super::*;
 
     fn q(lease: Duration) -> (tempfile::TempDir, Queue) {
