@@ -181,14 +181,7 @@ impl Views {
         let v = views.remove(i);
         self.base.view_count.store(views.len() as u64, std::sync::atomic::Ordering::Relaxed);
         self.pool.unmount(v.mount).map_err(|e| format!("unmounting {path}: {e}"))?;
-        // A view's own directory goes with it (and its agent's, once empty).
-        let dir = Path::new(path);
-        if dir.starts_with(DEFAULT_VIEW_ROOT) {
-            let _ = std::fs::remove_dir(dir);
-            if let Some(agent) = dir.parent().filter(|a| a.parent() == Some(Path::new(DEFAULT_VIEW_ROOT))) {
-                let _ = std::fs::remove_dir(agent);
-            }
-        }
+        remove_view_dir(Path::new(path));
         tracing::info!(path, "view removed");
         Ok(())
     }
@@ -268,6 +261,17 @@ fn serve_client(views: &Views, stream: UnixStream) {
     }
 }
 
+/// Removes the directory of a view under [`DEFAULT_VIEW_ROOT`] once it is unmounted, and its
+/// agent's once empty; other paths are the operator's and stay.
+fn remove_view_dir(dir: &Path) {
+    if dir.starts_with(DEFAULT_VIEW_ROOT) {
+        let _ = std::fs::remove_dir(dir);
+        if let Some(agent) = dir.parent().filter(|a| a.parent() == Some(Path::new(DEFAULT_VIEW_ROOT))) {
+            let _ = std::fs::remove_dir(agent);
+        }
+    }
+}
+
 /// Detaches every view mounted under [`DEFAULT_VIEW_ROOT`] whose server is gone (a daemon
 /// that crashed or was killed leaves them: `ENOTCONN`), and removes its directory; returns
 /// their paths. Views of a daemon still running answer and are left alone.
@@ -287,10 +291,7 @@ pub fn clean_dead_views() -> Vec<PathBuf> {
             tracing::warn!(view = %m.display(), error = %e, "cannot detach a dead view");
             continue;
         }
-        let _ = std::fs::remove_dir(m);
-        if let Some(agent) = m.parent().filter(|a| a.parent() == Some(Path::new(DEFAULT_VIEW_ROOT))) {
-            let _ = std::fs::remove_dir(agent);
-        }
+        remove_view_dir(m);
     }
     dead
 }

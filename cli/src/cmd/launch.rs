@@ -955,7 +955,7 @@ pub fn supervise(contract_file: &Path) -> anyhow::Result<()> {
     if lost {
         lost_view(&c, code);
     } else if timed_out {
-        ended_event(
+        let _ = ended_event(
             &c,
             "run.timeout",
             &format!("the run's timeout ({} s) ran out; it was stopped", c.timeout.unwrap_or(0)),
@@ -999,18 +999,16 @@ fn view_answers(path: &Path) -> bool {
 }
 
 /// Appends an event saying why a run ended to its session, through /ctx.
-fn ended_event(c: &Contract, kind: &str, reason: &str, code: i32) {
+fn ended_event(c: &Contract, kind: &str, reason: &str, code: i32) -> std::io::Result<()> {
     let dir = crate::cmd::session::dir(&c.ctx, c.uid, c.session_owner(), &c.session);
     let ts = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
     let event = json!({"ts": ts, "type": kind, "agent": c.agent, "session": c.session,
         "status": "error", "reason": reason, "code": code});
-    if let Err(e) = std::fs::OpenOptions::new()
+    std::fs::OpenOptions::new()
         .append(true)
         .open(dir.join("events.jsonl"))
         .and_then(|mut f| f.write_all(format!("{event}\n").as_bytes()))
-    {
-        eprintln!("agent {} session {}: cannot record {kind}: {e}", c.agent, c.session);
-    }
+        .inspect_err(|e| eprintln!("agent {} session {}: cannot record {kind}: {e}", c.agent, c.session))
 }
 
 /// Marks the session of a run stopped because its view died: `state` error and a `run.lost`
@@ -1021,29 +1019,12 @@ fn lost_view(c: &Contract, code: i32) {
     while t.elapsed() < Duration::from_secs(15) && rustix::fs::statfs(c.ctx.join("status")).is_err() {
         std::thread::sleep(Duration::from_millis(100));
     }
-    let dir = crate::cmd::session::dir(&c.ctx, c.uid, c.session_owner(), &c.session);
-    let ts = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
-    let event = json!({"ts": ts, "type": "run.lost", "agent": c.agent, "session": c.session,
-        "status": "error", "reason": "the run's view ended (its daemon is gone); the run was stopped", "code": code});
-    let appended = std::fs::OpenOptions::new()
-        .append(true)
-        .open(dir.join("events.jsonl"))
-        .and_then(|mut f| f.write_all(format!("{event}\n").as_bytes()));
-    match appended {
-        Ok(()) => crate::cmd::session::finish(&c.ctx, c.uid, c.session_owner(), &c.session, code.max(1)),
-        Err(e) => {
-            eprintln!(
-                "agent {} session {}: cannot record the lost view through {}: {e}",
-                c.agent,
-                c.session,
-                c.ctx.display()
-            );
-            if let Some(storage) = &c.storage {
-                let d =
-                    storage.join(format!("home/{}/agent/{}/session/{}", c.uid, c.session_owner(), c.session));
-                let _ = std::fs::write(d.join("state"), "error\n");
-            }
-        }
+    let reason = "the run's view ended (its daemon is gone); the run was stopped";
+    if ended_event(c, "run.lost", reason, code).is_ok() {
+        crate::cmd::session::finish(&c.ctx, c.uid, c.session_owner(), &c.session, code.max(1));
+    } else if let Some(storage) = &c.storage {
+        let d = storage.join(format!("home/{}/agent/{}/session/{}", c.uid, c.session_owner(), c.session));
+        let _ = std::fs::write(d.join("state"), "error\n");
     }
 }
 
