@@ -53,3 +53,14 @@ impl fmt::Display for Exit {
 }
 
 impl std::error::Error for Exit {}
+
+impl From<ctxterm::launch::Error> for Exit {
+    fn from(e: ctxterm::launch::Error) -> Exit {
+        if e.quiet() { Exit::quiet(e.code()) } else { Exit::new(e.code(), e.to_string()) }
+    }
+}
+
+/// A launcher failure as the error `ctx` reports.
+pub fn launch(e: ctxterm::launch::Error) -> anyhow::Error {
+    Exit::from(e).into()
+}

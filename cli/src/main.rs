@@ -91,7 +91,9 @@ fn main() -> ExitCode {
         Command::Object(c) => cmd::object::run(c),
         Command::Queue(c) => cmd::queue::run(c),
         Command::View(c) => cmd::view::run(c),
-        Command::Send { name, session, text } => cmd::launch::send(&name, &session, &text),
+        Command::Send { name, session, text } => {
+            ctxterm::launch::terminal::send(&name, &session, &text).map_err(exit::launch)
+        }
         Command::Bootstrap(a) => cmd::bootstrap::run(a),
         Command::Tool { name, args } => cmd::tool::run(&name, &args),
         Command::ValidateName { name, mcp } => cmd::name::run(&name, mcp),

@@ -329,6 +329,15 @@ mod tests {
     }
 
     #[test]
+    fn the_update_schema_says_what_layer_0_allows() {
+        let s = schema("agent.update");
+        let allowed: Vec<&str> =
+            s["properties"]["control"]["enum"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+        assert_eq!(allowed, policy::receipt::SELF_UPDATABLE);
+        assert_eq!(s["properties"]["content"]["maxLength"], json!(policy::receipt::UPDATE_MAX));
+    }
+
+    #[test]
     fn tsh_config_schema_ranges_are_the_parsers() {
         let set = &schema("tsh.config")["properties"]["set"]["properties"];
         for (key, range) in set.as_object().unwrap() {

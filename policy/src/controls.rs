@@ -76,7 +76,8 @@ const AGENT_HOST: &[&str] = &[
     "limits",
     "timeout",
 ];
-const AGENT_SELF: &[&str] = &["system.md", "prompt.template.md"];
+/// The controls an agent may replace in itself (`agent.update`).
+pub const AGENT_SELF: &[&str] = &["system.md", "prompt.template.md"];
 const RUNTIME: &[&str] = &["status", "log", "pid"];
 
 /// Classifies a control name (relative to `<name>.d/`), or `None` if the class has no such

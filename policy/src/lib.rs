@@ -4,7 +4,10 @@
 //! - [`v0`]: policy v0 parse (every bad line, with line, field and errno), compile (one hash probe
 //!   per check) and evaluate (allow or deny with the reason).
 //! - [`authority`]: the six-layer authority intersection in the spec's order.
-//! - [`attenuate`]: `agent.create` attenuation: children only ever narrow.
+//! - [`attenuate`]: `agent.create` attenuation: children only ever narrow; [`agent`]: the
+//!   generated controls of a new agent and the check of a child against its parent.
+//! - [`runtime`]: the runtime ABI: run paths, the session layout, control-socket messages;
+//!   [`receipt`]: the receipt socket's messages.
 //! - [`mount`], [`tshconf`], [`manifest`], [`package`], [`controls`]: strict parsers for the mount
 //!   table, tsh config and `.tshrc`, `cortexfs.object/v2` manifests, `cortexfs.toml` and control
 //!   file contents.
@@ -16,6 +19,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod agent;
 pub mod attenuate;
 pub mod authority;
 pub mod controls;
@@ -31,6 +35,7 @@ pub mod package;
 pub mod path;
 pub mod problem;
 pub mod receipt;
+pub mod runtime;
 pub mod status;
 pub mod tshconf;
 pub mod v0;

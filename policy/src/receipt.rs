@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 /// Most bytes of one request line.
 pub const REQUEST_MAX: usize = 256 * 1024;
 /// The controls an agent may replace in itself through `agent.update`.
-pub const SELF_UPDATABLE: &[&str] = &["system.md", "prompt.template.md"];
+pub const SELF_UPDATABLE: &[&str] = crate::controls::AGENT_SELF;
 /// Most bytes `agent.update` accepts.
 pub const UPDATE_MAX: usize = 8 * 1024;
 

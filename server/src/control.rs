@@ -1,7 +1,8 @@
 //! The control socket: a root-only Unix socket of the `ctx mount` daemon through which
 //! `ctx view` creates, lists and removes agent views.
 //!
-//! Protocol: one JSON object per line each way.
+//! Protocol: one JSON object per line each way ([`policy::runtime::ControlRequest`] and
+//! [`policy::runtime::ControlReply`]; a request with an unknown op or field is refused whole).
 //! - `{"op":"create","agent":A,"session":S,"path":P?}` -> `{"ok":true,"path":P}`; the view is a
 //!   new FUSE mount at P (default `/run/cortexfs/view/A/S`) carrying A's authority.
 //! - `{"op":"ls"}` -> `{"ok":true,"views":[{"agent":A,"session":S,"path":P}...]}`
@@ -17,17 +18,17 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use serde_json::{Value, json};
+use policy::runtime::{self, ControlReply, ControlRequest, ViewEntry};
 
 use crate::transport::pool::{Attached, Pool};
 use crate::{Config, CtxFs, ViewSpec};
 
 /// The default control socket.
-pub const DEFAULT_SOCKET: &str = "/run/cortexfs/control.sock";
+pub const DEFAULT_SOCKET: &str = runtime::CONTROL_SOCKET;
 /// Where views are mounted by default.
-pub const DEFAULT_VIEW_ROOT: &str = "/run/cortexfs/view";
+pub const DEFAULT_VIEW_ROOT: &str = runtime::VIEW_ROOT;
 /// Most bytes of one control-socket request line.
-const REQUEST_MAX: usize = 64 * 1024;
+const REQUEST_MAX: usize = runtime::CONTROL_REQUEST_MAX;
 
 struct View {
     spec: ViewSpec,
@@ -114,7 +115,7 @@ impl Views {
                 policy::path::check_absolute(p).map_err(|e| format!("view path: {e}"))?;
                 PathBuf::from(p)
             }
-            None => Path::new(DEFAULT_VIEW_ROOT).join(agent).join(session),
+            None => runtime::view_dir(agent, session),
         };
         let mut views = self.views.lock().map_err(|_| "view table poisoned".to_owned())?;
         if views.iter().any(|v| v.mount.mountpoint() == path) {
@@ -186,13 +187,17 @@ impl Views {
         Ok(())
     }
 
-    fn list(&self) -> Value {
+    fn list(&self) -> ControlReply {
         let views = self.views.lock().map(|v| {
             v.iter()
-                .map(|v| json!({"agent": v.spec.agent, "session": v.spec.session, "path": v.mount.mountpoint()}))
+                .map(|v| ViewEntry {
+                    agent: v.spec.agent.clone(),
+                    session: v.spec.session.clone(),
+                    path: v.mount.mountpoint().display().to_string(),
+                })
                 .collect::<Vec<_>>()
         });
-        json!({"ok": true, "views": views.unwrap_or_default()})
+        ControlReply { ok: true, views: Some(views.unwrap_or_default()), ..ControlReply::default() }
     }
 
     /// Unmounts every view.
@@ -204,24 +209,27 @@ impl Views {
         }
     }
 
-    fn handle(&self, req: &Value) -> Value {
-        let s = |k: &str| req.get(k).and_then(Value::as_str);
-        let r = match s("op") {
-            Some("create") => match (s("agent"), s("session")) {
-                (Some(a), Some(se)) => self
-                    .create(a, se, s("path"), s("workspace"), s("session_of"))
-                    .map(|p| json!({"ok": true, "path": p})),
-                _ => Err("create needs agent and session".to_owned()),
-            },
-            Some("rm") => match s("path") {
-                Some(p) => self.remove(p).map(|()| json!({"ok": true})),
-                None => Err("rm needs path".to_owned()),
-            },
-            Some("ls") => Ok(self.list()),
-            _ => Err("unknown op (create, rm, ls)".to_owned()),
+    fn handle(&self, req: ControlRequest) -> ControlReply {
+        let r = match req {
+            ControlRequest::Create { agent, session, path, workspace, session_of } => self
+                .create(&agent, &session, path.as_deref(), workspace.as_deref(), session_of.as_deref())
+                .map(|p| ControlReply {
+                    ok: true,
+                    path: Some(p.display().to_string()),
+                    ..ControlReply::default()
+                }),
+            ControlRequest::Rm { path } => {
+                self.remove(&path).map(|()| ControlReply { ok: true, ..ControlReply::default() })
+            }
+            ControlRequest::Ls {} => Ok(self.list()),
         };
-        r.unwrap_or_else(|e| json!({"ok": false, "error": e}))
+        r.unwrap_or_else(ControlReply::refused)
     }
+}
+
+/// One reply line.
+fn reply_line(r: &ControlReply) -> String {
+    serde_json::to_string(r).unwrap_or_else(|_| r#"{"ok":false,"error":"internal error"}"#.to_owned())
 }
 
 fn serve_client(views: &Views, stream: UnixStream) {
@@ -231,7 +239,7 @@ fn serve_client(views: &Views, stream: UnixStream) {
         let _ = writeln!(
             out,
             "{}",
-            json!({"ok": false, "error": "permission denied: the control socket serves root only"})
+            reply_line(&ControlReply::refused("permission denied: the control socket serves root only"))
         );
         return;
     }
@@ -245,17 +253,19 @@ fn serve_client(views: &Views, stream: UnixStream) {
                 let _ = writeln!(
                     out,
                     "{}",
-                    json!({"ok": false, "error": format!("invalid request: longer than {REQUEST_MAX} bytes")})
+                    reply_line(&ControlReply::refused(format!(
+                        "invalid request: longer than {REQUEST_MAX} bytes"
+                    )))
                 );
                 return;
             }
             Ok(_) => {}
         }
-        let reply = match serde_json::from_str::<Value>(&line) {
-            Ok(req) => views.handle(&req),
-            Err(e) => json!({"ok": false, "error": format!("invalid request: {e}")}),
+        let reply = match ControlRequest::parse(line.trim_end().as_bytes()) {
+            Ok(req) => views.handle(req),
+            Err(e) => ControlReply::refused(e),
         };
-        if writeln!(out, "{reply}").is_err() {
+        if writeln!(out, "{}", reply_line(&reply)).is_err() {
             return;
         }
     }
@@ -317,15 +327,6 @@ pub fn listen(socket: &Path, views: Arc<Views>) -> std::io::Result<()> {
         }
     })?;
     Ok(())
-}
-
-/// Sends one request to the control socket and returns the reply.
-pub fn request(socket: &Path, req: &Value) -> std::io::Result<Value> {
-    let mut s = UnixStream::connect(socket)?;
-    writeln!(s, "{req}")?;
-    let mut line = String::new();
-    BufReader::new(s).read_line(&mut line)?;
-    serde_json::from_str(&line).map_err(std::io::Error::other)
 }
 
 /// Watches the directories whose changes may change what views show, and reports each batch of

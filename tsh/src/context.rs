@@ -153,7 +153,7 @@ impl Context {
     /// The session directory of the agent terminal, if any.
     pub fn session_dir(&self) -> Option<PathBuf> {
         let a = self.agent.as_ref()?;
-        Some(self.home.join("agent").join(&a.owner).join("session").join(&a.session))
+        Some(self.home.join(policy::runtime::session_in_home(&a.owner, &a.session)))
     }
 
     /// How an object path is named in records: relative to `CTX_ROOT` when below it.

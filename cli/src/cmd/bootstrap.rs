@@ -120,7 +120,13 @@ fn checked(storage: &Path, w: &Want, exe: &[u8], stage: &Path) -> anyhow::Result
         })
         .collect();
     std::fs::create_dir_all(stage)?;
-    crate::cmd::object::stage_generated(ObjectClass::Tool, &w.name, exe, &controls, &stage.join(&w.name))
+    Ok(ringfs::object::publish::stage_generated(
+        ObjectClass::Tool,
+        &w.name,
+        exe,
+        &controls,
+        &stage.join(&w.name),
+    )?)
 }
 
 /// Runs `ctx bootstrap`.

@@ -2,13 +2,11 @@
 
 pub mod agent;
 pub mod bootstrap;
-pub mod launch;
 pub mod mount;
 pub mod name;
 pub mod object;
 pub mod policy;
 pub mod queue;
-pub mod receipt;
 pub mod session;
 pub mod tool;
 pub mod view;

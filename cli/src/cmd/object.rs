@@ -1,14 +1,10 @@
 //! `ctx object ...`: the object lifecycle.
 
-use std::collections::BTreeMap;
-use std::fs::{DirBuilder, OpenOptions};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use clap::{Subcommand, ValueEnum};
 use policy::controls::ObjectClass;
 use ringfs::object::publish::{self, Tier};
-use sha2::{Digest, Sha256};
 
 use crate::exit::{self, Exit};
 use crate::out;
@@ -221,50 +217,4 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             if i.installed { Ok(()) } else { Err(Exit::quiet(exit::FAILURE).into()) }
         }
     }
-}
-
-/// Stages an object that `ctx` generates (bootstrap's tools, `ctx agent new`) in the new
-/// directory `stage` with a generated manifest, and checks it like any object.
-pub fn stage_generated(
-    class: ObjectClass,
-    name: &str,
-    exe: &[u8],
-    controls: &BTreeMap<String, Vec<u8>>,
-    stage: &Path,
-) -> anyhow::Result<ringfs::object::Checked> {
-    DirBuilder::new().mode(0o700).create(stage)?;
-    let write = |rel: &str, bytes: &[u8], mode: u32| -> anyhow::Result<()> {
-        let p = stage.join(rel);
-        OpenOptions::new().write(true).create_new(true).mode(mode).open(&p).and_then(|mut f| {
-            std::io::Write::write_all(&mut f, bytes)?;
-            f.set_permissions(std::fs::Permissions::from_mode(mode))
-        })?;
-        Ok(())
-    };
-    write("exe", exe, 0o755)?;
-    DirBuilder::new().mode(0o700).create(stage.join("d"))?;
-    let mut manifest_controls = serde_json::Map::new();
-    for (control, bytes) in controls {
-        write(&format!("d/{control}"), bytes, 0o644)?;
-        manifest_controls.insert(
-            control.clone(),
-            serde_json::json!({"path": format!("d/{control}"), "sha256": hex::encode(Sha256::digest(bytes))}),
-        );
-    }
-    let manifest = serde_json::json!({
-        "schema": policy::manifest::SCHEMA,
-        "version": env!("CARGO_PKG_VERSION"),
-        "compatibility": {"cortexfs": format!(">={}", env!("CARGO_PKG_VERSION"))},
-        "class": class.as_str(),
-        "name": name,
-        "executable": {"path": "exe", "sha256": hex::encode(Sha256::digest(exe))},
-        "controls": manifest_controls,
-    });
-    let path = stage.join("manifest.json");
-    write("manifest.json", &serde_json::to_vec_pretty(&manifest)?, 0o644)?;
-    ringfs::object::check(&path).map_err(|problems| {
-        let why: Vec<String> = problems.iter().map(ToString::to_string).collect();
-        let class = class.as_str();
-        Exit::new(exit::INTERNAL, format!("{class}/{name}: generated manifest: {}", why.join("; "))).into()
-    })
 }

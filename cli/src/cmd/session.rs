@@ -1,86 +1,24 @@
-//! Sessions (spec §6): `home/<uid>/agent/<agent>/session/<s>/` with `state`, `created_at`,
-//! `updated_at`, `cwd`, `latest.md`, `messages.jsonl`, `events.jsonl`, `context/` and
-//! `terminal/main.sock` (a symlink to the run's socket, spec §7); and the
-//! commands that read them: `ctx agent history|output|children|wait`.
+//! The commands that read sessions (spec §6, `home/<uid>/agent/<agent>/session/<s>/`; the
+//! launcher prepares them, `ctxterm::launch::session`): `ctx agent
+//! history|output|children|wait|pack|output --rebuild`.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
+
+use ctxterm::launch::receipt;
 
 use crate::exit::{self, Exit};
 
-fn now() -> String {
-    format!("{}\n", humantime::format_rfc3339_seconds(SystemTime::now()))
-}
-
 fn uid_of(ctx: &Path, agent: &str) -> anyhow::Result<u32> {
-    let t = crate::cmd::launch::read_control(ctx, agent, "uid")?;
+    let t = ctxterm::launch::contract::read_control(ctx, agent, "uid").map_err(crate::exit::launch)?;
     t.trim().parse().map_err(|_| {
         Exit::new(exit::INVALID, format!("agent/{agent}.d/uid: {:?} is not a number", t.trim())).into()
     })
 }
 
 /// The session directory as seen through the host mount `ctx`.
-pub fn dir(ctx: &Path, uid: u32, agent: &str, session: &str) -> PathBuf {
-    ctx.join("home").join(uid.to_string()).join("agent").join(agent).join("session").join(session)
-}
-
-/// Creates (or reopens) a session for a run: every file of the layout, owned by the agent.
-pub fn prepare(ctx: &Path, uid: u32, gid: u32, agent: &str, session: &str, cwd: &str) -> anyhow::Result<()> {
-    let d = dir(ctx, uid, agent, session);
-    std::fs::create_dir_all(d.join("context")).map_err(|e| Exit::io(d.display(), &e))?;
-    let own = |p: &Path| {
-        let _ =
-            rustix::fs::chown(p, Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(gid)));
-    };
-    let mut up = d.clone();
-    while up.starts_with(ctx.join("home").join(uid.to_string())) {
-        own(&up);
-        if !up.pop() {
-            break;
-        }
-    }
-    own(&d.join("context"));
-    let put = |name: &str, text: &str, keep: bool| -> anyhow::Result<()> {
-        let p = d.join(name);
-        if keep && p.exists() {
-            return Ok(());
-        }
-        std::fs::write(&p, text).map_err(|e| Exit::io(p.display(), &e))?;
-        own(&p);
-        Ok(())
-    };
-    put("created_at", &now(), true)?;
-    put("updated_at", &now(), false)?;
-    put("state", "active\n", false)?;
-    put("cwd", &format!("{cwd}\n"), false)?;
-    put("latest.md", "", true)?;
-    // The terminal's ABI path (spec §7): a symlink to the socket in the run's runtime directory.
-    let term = d.join("terminal");
-    std::fs::create_dir_all(&term).map_err(|e| Exit::io(term.display(), &e))?;
-    own(&term);
-    let link = term.join("main.sock");
-    let _ = std::fs::remove_file(&link);
-    let target = Path::new(crate::cmd::launch::RUNTIME).join(agent).join(session).join("term/main.sock");
-    std::os::unix::fs::symlink(&target, &link).map_err(|e| Exit::io(link.display(), &e))?;
-    for log in ["messages.jsonl", "events.jsonl"] {
-        let p = d.join(log);
-        if !p.exists() {
-            std::fs::OpenOptions::new()
-                .append(true)
-                .create(true)
-                .open(&p)
-                .map_err(|e| Exit::io(p.display(), &e))?;
-            own(&p);
-        }
-    }
-    Ok(())
-}
-
-/// Marks a session's run as ended with `code`.
-pub fn finish(ctx: &Path, uid: u32, agent: &str, session: &str, code: i32) {
-    let d = dir(ctx, uid, agent, session);
-    let _ = std::fs::write(d.join("state"), if code == 0 { "done\n" } else { "error\n" });
-    let _ = std::fs::write(d.join("updated_at"), now());
+fn dir(ctx: &Path, uid: u32, agent: &str, session: &str) -> PathBuf {
+    policy::runtime::session_dir(ctx, uid, agent, session)
 }
 
 /// `ctx agent history`: the session's messages, as recorded.
@@ -99,32 +37,14 @@ pub fn output(ctx: &Path, agent: &str, session: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A child record: (id, agent, session, status).
-fn children_of(
-    ctx: &Path,
-    agent: &str,
-    session: &str,
-) -> anyhow::Result<Vec<(String, String, String, String)>> {
-    let d = dir(ctx, uid_of(ctx, agent)?, agent, session).join("context").join("child");
-    let mut out = Vec::new();
-    let Ok(entries) = std::fs::read_dir(&d) else { return Ok(out) };
-    for e in entries.flatten() {
-        let read = |n: &str| std::fs::read_to_string(e.path().join(n)).unwrap_or_default().trim().to_owned();
-        out.push((
-            e.file_name().to_string_lossy().into_owned(),
-            read("agent"),
-            read("session"),
-            read("status"),
-        ));
-    }
-    out.sort();
-    Ok(out)
+fn children_of(ctx: &Path, agent: &str, session: &str) -> anyhow::Result<Vec<receipt::ChildRecord>> {
+    Ok(receipt::records(&dir(ctx, uid_of(ctx, agent)?, agent, session)))
 }
 
 /// `ctx agent children`: ID, AGENT, SESSION, STATUS.
 pub fn children(ctx: &Path, agent: &str, session: &str) -> anyhow::Result<()> {
-    for (id, a, s, st) in children_of(ctx, agent, session)? {
-        println!("{id}\t{a}\t{s}\t{st}");
+    for c in children_of(ctx, agent, session)? {
+        println!("{}\t{}\t{}\t{}", c.id, c.agent, c.session, c.status);
     }
     Ok(())
 }
@@ -134,9 +54,8 @@ pub fn children(ctx: &Path, agent: &str, session: &str) -> anyhow::Result<()> {
 pub fn wait(ctx: &Path, agent: &str, session: &str, child: &str, timeout: Option<u64>) -> anyhow::Result<()> {
     let t = std::time::Instant::now();
     loop {
-        let found =
-            children_of(ctx, agent, session)?.into_iter().find(|(id, a, _, _)| id == child || a == child);
-        let Some((_, _, _, status)) = found else {
+        let found = children_of(ctx, agent, session)?.into_iter().find(|c| c.id == child || c.agent == child);
+        let Some(receipt::ChildRecord { status, .. }) = found else {
             return Err(Exit::new(
                 exit::FAILURE,
                 format!("agent {agent} session {session} has no child {child}"),
@@ -206,21 +125,7 @@ pub fn pack_check(ctx: &Path, agent: &str, session: &str) -> anyhow::Result<()> 
 /// `messages.jsonl` (its `content`, or `text`), replaced whole.
 pub fn rebuild_latest(ctx: &Path, agent: &str, session: &str) -> anyhow::Result<()> {
     let d = dir(ctx, uid_of(ctx, agent)?, agent, session);
-    let msgs = std::fs::read_to_string(d.join("messages.jsonl")).map_err(|e| Exit::io(d.display(), &e))?;
-    let last = msgs
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["role"] == "assistant")
-        .filter_map(|v| v["content"].as_str().or_else(|| v["text"].as_str()).map(str::to_owned))
-        .next_back()
-        .unwrap_or_default();
-    let mut text = last;
-    if !text.is_empty() && !text.ends_with('\n') {
-        text.push('\n');
-    }
-    let tmp = d.join(format!(".latest.md.{}", std::process::id()));
-    std::fs::write(&tmp, &text).map_err(|e| Exit::io(tmp.display(), &e))?;
-    std::fs::rename(&tmp, d.join("latest.md")).map_err(|e| Exit::io(d.join("latest.md").display(), &e))?;
+    let text = ctxterm::launch::session::rebuild_latest(&d).map_err(exit::launch)?;
     print!("{text}");
     Ok(())
 }

@@ -3,9 +3,10 @@
 use std::path::PathBuf;
 
 use clap::Subcommand;
-use serde_json::json;
+use ctxterm::launch::view;
+use policy::runtime::ControlRequest;
 
-use crate::exit::{self, Exit};
+use crate::exit;
 use crate::out;
 
 /// View commands (root only: they talk to the daemon's control socket).
@@ -27,7 +28,7 @@ pub enum Cmd {
         #[arg(long)]
         workspace: Option<PathBuf>,
         /// The daemon's control socket.
-        #[arg(long, default_value = server::control::DEFAULT_SOCKET)]
+        #[arg(long, default_value = policy::runtime::CONTROL_SOCKET)]
         control: PathBuf,
     },
     /// List views: AGENT SESSION PATH.
@@ -36,7 +37,7 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
         /// The daemon's control socket.
-        #[arg(long, default_value = server::control::DEFAULT_SOCKET)]
+        #[arg(long, default_value = policy::runtime::CONTROL_SOCKET)]
         control: PathBuf,
     },
     /// Remove the view mounted at PATH; other views are untouched.
@@ -44,56 +45,34 @@ pub enum Cmd {
         /// The view's mount point.
         path: PathBuf,
         /// The daemon's control socket.
-        #[arg(long, default_value = server::control::DEFAULT_SOCKET)]
+        #[arg(long, default_value = policy::runtime::CONTROL_SOCKET)]
         control: PathBuf,
     },
 }
 
-/// Sends one request to the daemon's control socket; a refusal becomes an error.
-pub fn call(control: &std::path::Path, req: serde_json::Value) -> anyhow::Result<serde_json::Value> {
-    let reply = server::control::request(control, &req).map_err(|e| {
-        let code =
-            if e.kind() == std::io::ErrorKind::PermissionDenied { exit::DENIED } else { exit::UNAVAILABLE };
-        Exit::new(
-            code,
-            format!("cannot reach the daemon at {}: {e} (is `ctx mount` running?)", control.display()),
-        )
-    })?;
-    if reply["ok"] != true {
-        let msg = reply["error"].as_str().unwrap_or("unknown error").to_owned();
-        let code = if msg.starts_with("permission denied") { exit::DENIED } else { exit::FAILURE };
-        return Err(Exit::new(code, msg).into());
-    }
-    Ok(reply)
-}
-
 /// Runs the command.
 pub fn run(cmd: Cmd) -> anyhow::Result<()> {
+    let call = |control: &std::path::Path, req| view::call(control, &req).map_err(exit::launch);
     match cmd {
         Cmd::Create { agent, session, path, workspace, control } => {
-            let r = call(
-                &control,
-                json!({"op": "create", "agent": agent, "session": session, "path": path, "workspace": workspace}),
-            )?;
-            out::line(r["path"].as_str().unwrap_or(""))
+            let shown = |p: Option<PathBuf>| p.map(|p| p.display().to_string());
+            let (path, workspace) = (shown(path), shown(workspace));
+            let r =
+                call(&control, ControlRequest::Create { agent, session, path, session_of: None, workspace })?;
+            out::line(r.path.unwrap_or_default())
         }
         Cmd::Ls { json, control } => {
-            let r = call(&control, json!({"op": "ls"}))?;
+            let views = call(&control, ControlRequest::Ls {})?.views.unwrap_or_default();
             if json {
-                return out::line(&r["views"]);
+                return out::line(serde_json::to_value(&views)?);
             }
-            for v in r["views"].as_array().into_iter().flatten() {
-                out::line(format_args!(
-                    "{}\t{}\t{}",
-                    v["agent"].as_str().unwrap_or(""),
-                    v["session"].as_str().unwrap_or(""),
-                    v["path"].as_str().unwrap_or("")
-                ))?;
+            for v in views {
+                out::line(format_args!("{}\t{}\t{}", v.agent, v.session, v.path))?;
             }
             Ok(())
         }
         Cmd::Rm { path, control } => {
-            call(&control, json!({"op": "rm", "path": path}))?;
+            call(&control, ControlRequest::Rm { path: path.display().to_string() })?;
             Ok(())
         }
     }

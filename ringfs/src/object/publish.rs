@@ -564,6 +564,60 @@ pub fn inspect(storage: &Path, class: ObjectClass, name: &str, tier: Tier) -> Re
     Ok(Inspection { path, installed, controls, has_previous, residue })
 }
 
+/// Stages a generated object (`exe` and `controls`) with its `cortexfs.object/v2` manifest in
+/// the new directory `stage` (0700), and checks it, digests included, as an install would.
+pub fn stage_generated(
+    class: ObjectClass,
+    name: &str,
+    exe: &[u8],
+    controls: &std::collections::BTreeMap<String, Vec<u8>>,
+    stage: &Path,
+) -> Result<Checked> {
+    use sha2::{Digest, Sha256};
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let hex = |b: &[u8]| format!("{:x}", Sha256::digest(b));
+    fs::DirBuilder::new().mode(0o700).create(stage).map_err(|e| Error::io("mkdir", stage, e))?;
+    let write = |rel: &str, bytes: &[u8], mode: u32| -> Result<()> {
+        let p = stage.join(rel);
+        fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&p)
+            .and_then(|mut f| {
+                f.write_all(bytes)?;
+                f.set_permissions(fs::Permissions::from_mode(mode))
+            })
+            .map_err(|e| Error::io("write", &p, e))
+    };
+    write("exe", exe, 0o755)?;
+    let d = stage.join("d");
+    fs::DirBuilder::new().mode(0o700).create(&d).map_err(|e| Error::io("mkdir", &d, e))?;
+    let mut manifest_controls = serde_json::Map::new();
+    for (control, bytes) in controls {
+        write(&format!("d/{control}"), bytes, 0o644)?;
+        manifest_controls.insert(
+            control.clone(),
+            serde_json::json!({"path": format!("d/{control}"), "sha256": hex(bytes)}),
+        );
+    }
+    let manifest = serde_json::json!({
+        "schema": policy::manifest::SCHEMA,
+        "version": env!("CARGO_PKG_VERSION"),
+        "compatibility": {"cortexfs": format!(">={}", env!("CARGO_PKG_VERSION"))},
+        "class": class.as_str(),
+        "name": name,
+        "executable": {"path": "exe", "sha256": hex(exe)},
+        "controls": manifest_controls,
+    });
+    let bytes = serde_json::to_vec_pretty(&manifest).map_err(|e| Error::Unchecked(e.to_string()))?;
+    write("manifest.json", &bytes, 0o644)?;
+    super::check(&stage.join("manifest.json")).map_err(|problems| {
+        let why: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        Error::Unchecked(format!("{}/{name}: generated manifest: {}", class.as_str(), why.join("; ")))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,8 +7,8 @@
 //! agent cannot act as another. One JSON line in, one out: `{"op":..,"input":{..}}` ->
 //! `{"ok":true,"message":..}` or `{"ok":false,"code":N,"error":..}` (codes: 2 invalid, 13
 //! refused, 1 failed). Every request is checked whole against its type
-//! ([`policy::receipt::Request`]) before anything runs, and served by calls into this program,
-//! never by running a command built from it.
+//! ([`policy::receipt::Request`]) before anything runs, and served by calls into the launcher
+//! and the agent store, never by running a command built from it.
 //!
 //! Children started here are owned: recorded under the caller's session in
 //! `context/child/<child>.<session>/` (`agent session status handoff.md result.md refs.jsonl
@@ -24,7 +24,7 @@ use policy::receipt::{Create, Request, SELF_UPDATABLE, StartChild, StopChild, UP
 use policy::v0::{Class, Permission, Policy, Query};
 use serde_json::{Value, json};
 
-use crate::exit::Exit;
+use super::{Error, Start, agents, rundir, session, supervise};
 
 /// Who the run is, and where things are.
 #[derive(Clone, Debug)]
@@ -54,13 +54,56 @@ pub struct Owned {
     supervisor: Option<std::process::Child>,
 }
 
+/// A child record under a session's `context/child/<id>/`, as the receipt server keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ChildRecord {
+    /// The record's id (`<child>.<session>`).
+    pub id: String,
+    /// The child agent.
+    pub agent: String,
+    /// Its session.
+    pub session: String,
+    /// `pending`, `active`, `done`, `error` or `cancelled`.
+    pub status: String,
+}
+
+/// The child records of the session whose directory is `session_dir`, sorted by id.
+pub fn records(session_dir: &Path) -> Vec<ChildRecord> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(session_dir.join("context").join("child")) else { return out };
+    for e in entries.flatten() {
+        let read = |n: &str| {
+            let mut t = String::new();
+            let _ = std::fs::File::open(e.path().join(n)).and_then(|f| f.take(4096).read_to_string(&mut t));
+            t.trim().to_owned()
+        };
+        out.push(ChildRecord {
+            id: e.file_name().to_string_lossy().into_owned(),
+            agent: read("agent"),
+            session: read("session"),
+            status: read("status"),
+        });
+    }
+    out.sort();
+    out
+}
+
 /// The children a run started.
 pub type Children = Arc<Mutex<Vec<Owned>>>;
 
+/// The (agent, session) of every child a run started.
+pub fn owned(children: &Children) -> Vec<(String, String)> {
+    children
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|o| (o.agent.clone(), o.session.clone()))
+        .collect()
+}
+
 /// The reply to a failed call, with the exit code it carries.
-fn failed(e: &anyhow::Error) -> Value {
-    let code = e.downcast_ref::<Exit>().map_or(1, |x| x.code);
-    refuse(i32::from(code), format!("{e:#}").trim_start_matches("ctx: ").to_owned())
+fn failed(e: &Error) -> Value {
+    refuse(i32::from(e.code()), e.to_string())
 }
 
 fn refuse(code: i32, error: impl Into<String>) -> Value {
@@ -69,18 +112,12 @@ fn refuse(code: i32, error: impl Into<String>) -> Value {
 
 impl Run {
     fn session_dir(&self) -> PathBuf {
-        self.ctx
-            .join("home")
-            .join(self.uid.to_string())
-            .join("agent")
-            .join(&self.agent)
-            .join("session")
-            .join(&self.session)
+        policy::runtime::session_dir(&self.ctx, self.uid, &self.agent, &self.session)
     }
 
     fn storage(&self) -> Option<String> {
         let status = std::fs::read_to_string(self.ctx.join("status")).ok()?;
-        status.lines().find_map(|l| l.strip_prefix("storage ").map(str::to_owned))
+        policy::status::field(&status, "storage").map(str::to_owned)
     }
 
     fn own(&self, control: &str) -> String {
@@ -99,21 +136,15 @@ impl Run {
     /// Appends one event to the caller's session; durable when it returns. An event that
     /// cannot be recorded fails the request it records (see [`Run::update`]).
     fn event(&self, v: Value) -> Result<(), String> {
-        let mut line = v.to_string();
-        line.push('\n');
-        let path = self.session_dir().join("events.jsonl");
-        std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(&path)
-            .and_then(|mut f| f.write_all(line.as_bytes()))
-            .map_err(|e| format!("the call was not recorded: {}: {e}", path.display()))
+        let dir = self.session_dir();
+        session::append_event(&dir, &v)
+            .map_err(|e| format!("the call was not recorded: {}: {e}", dir.join("events.jsonl").display()))
     }
 
     fn update(&self, u: &Update) -> Value {
         let control = u.control.as_str();
         let content = u.content.as_str();
-        let ts = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+        let ts = session::timestamp();
         let base =
             json!({"ts": ts, "agent": self.agent, "session": self.session, "object": "tool/agent.update"});
         let mut call = base.clone();
@@ -162,7 +193,7 @@ impl Run {
         let Some(storage) = self.storage() else {
             return refuse(69, "cannot find the storage in /ctx/status");
         };
-        match crate::cmd::agent::create_child(Path::new(&storage), &self.agent, c) {
+        match agents::create_child(Path::new(&storage), &self.agent, c) {
             Ok(message) => json!({"ok": true, "message": message}),
             Err(e) => failed(&e),
         }
@@ -205,7 +236,7 @@ impl Run {
         if let Err(e) = record() {
             return refuse(1, format!("{}: {e}", dir.display()));
         }
-        let started = crate::cmd::launch::start_owned(&crate::cmd::launch::Start {
+        let started = supervise::start_owned(&Start {
             agent: child.to_owned(),
             session: session.clone(),
             cwd: self.workspace.clone(),
@@ -266,8 +297,8 @@ impl Run {
         if matches!(status.trim(), "done" | "error" | "cancelled") {
             return;
         }
-        if let Err(e) = crate::cmd::launch::stop(child, session) {
-            eprintln!("ctx: stopping agent {child} session {session}: {e:#}");
+        if let Err(e) = rundir::stop(child, session) {
+            eprintln!("ctx: stopping agent {child} session {session}: {e}");
         }
         let _ = std::fs::write(dir.join("status"), "cancelled\n");
     }
@@ -285,7 +316,7 @@ impl Run {
             if status.trim() != "active" {
                 continue;
             }
-            let exit = crate::cmd::launch::exit_of(child, session);
+            let exit = rundir::exit_of(child, session);
             if let Some(code) = exit {
                 let _ = std::fs::write(dir.join("status"), if code == 0 { "done\n" } else { "error\n" });
             }

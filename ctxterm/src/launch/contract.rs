@@ -1,0 +1,468 @@
+//! The launch contract: everything a sandbox is started from, derived from the agent object
+//! (read through the host mount) and its policy before anything is spawned. Every agent control
+//! counts: identity (`uid`, `gid`, `groups`), `label` and `policy` (network, mounts, shared
+//! tool directories), `mount`, `cwd`, `env` (the launcher's variables, [`RESERVED_ENV`], cannot
+//! be overridden), `path` (CTX_PATH, plus the tool directories of granted shared spaces),
+//! `limits` and `timeout`. The sandbox's umask is [`SANDBOX_UMASK`].
+
+use std::path::{Path, PathBuf};
+
+use policy::runtime;
+use policy::v0::{Class, Permission, Policy, Query};
+use serde::{Deserialize, Serialize};
+
+use super::{Error, Result, profiles};
+
+/// One bind of the mount table, with its flags.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Bind {
+    pub source: PathBuf,
+    pub target: PathBuf,
+    pub rw: bool,
+    pub nosuid: bool,
+    pub nodev: bool,
+    pub noexec: bool,
+}
+
+/// The umask of everything in a sandbox: files an agent creates are not writable by others.
+pub const SANDBOX_UMASK: u32 = 0o022;
+
+/// Variables the launcher sets that an agent's `env` control may not change.
+pub const RESERVED_ENV: &[&str] = &[
+    "CTX_ROOT",
+    "CTX_HOME",
+    "CTX_AGENT",
+    "CTX_SESSION",
+    "CTX_PATH",
+    "CTX_WORKSPACE",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "PATH",
+];
+
+/// Everything a sandbox is started from, decided before anything is spawned.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Contract {
+    pub agent: String,
+    pub session: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+    pub network: bool,
+    pub view: PathBuf,
+    pub workspace: Option<PathBuf>,
+    /// The mount table: the agent's own, then the operator's `--mount`s.
+    pub mounts: Vec<Bind>,
+    /// The working directory inside the sandbox (the agent's `cwd`).
+    pub cwd: String,
+    /// Seconds the run may last (the agent's `timeout`, or `--timeout`).
+    pub timeout: Option<u64>,
+    pub env: Vec<(String, String)>,
+    pub cmd: Vec<String>,
+    pub runtime: PathBuf,
+    pub control: PathBuf,
+    pub grace: u64,
+    /// The agent whose session this run resumes (`--resume`), when it is not the run's own.
+    pub session_of: Option<String>,
+    /// The command starts once the first client connects (`start --wait` is that client).
+    pub wait_client: bool,
+    /// Resource ceilings (see `policy::limits`): memory in bytes, processes, CPU percent.
+    pub memory: Option<u64>,
+    pub pids: Option<u64>,
+    pub cpu: Option<u64>,
+    /// The storage the daemon serves (from its `status`), for when /ctx no longer answers.
+    pub storage: Option<PathBuf>,
+    /// The host's /ctx mount.
+    pub ctx: PathBuf,
+}
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::Invalid(msg.into())
+}
+
+/// An agent's control `name`, read through the host mount `ctx`.
+pub fn read_control(ctx: &Path, agent: &str, name: &str) -> Result<String> {
+    let p = ctx.join("agent").join(format!("{agent}.d")).join(name);
+    std::fs::read_to_string(&p).map_err(|source| Error::Control { path: p.clone(), source })
+}
+
+/// Parses `--mount SRC TGT ro|rw`.
+pub fn extra_mount(spec: &[String]) -> Result<(PathBuf, PathBuf, bool)> {
+    let [src, tgt, mode] = spec else { return Err(invalid("--mount takes SOURCE TARGET ro|rw")) };
+    let rw = match mode.as_str() {
+        "ro" => false,
+        "rw" => true,
+        m => return Err(invalid(format!("--mount {src} {tgt} {m}: the mode is ro or rw"))),
+    };
+    for p in [src, tgt] {
+        policy::path::check_absolute(p).map_err(|e| invalid(format!("--mount {src} {tgt}: {p}: {e}")))?;
+    }
+    let t = Path::new(tgt);
+    if t == Path::new("/") || t.starts_with("/ctx") {
+        return Err(invalid(format!("--mount {src} {tgt}: the target may not replace / or /ctx")));
+    }
+    if !Path::new(src).exists() {
+        return Err(invalid(format!("--mount {src} {tgt}: {src} does not exist")));
+    }
+    Ok((PathBuf::from(src), PathBuf::from(tgt), rw))
+}
+
+/// The options of `ctx agent start`.
+#[derive(Debug)]
+pub struct Start {
+    /// The agent.
+    pub agent: String,
+    /// The session.
+    pub session: String,
+    /// The working directory bound at /workspace.
+    pub cwd: Option<PathBuf>,
+    /// Extra mounts.
+    pub mounts: Vec<(PathBuf, PathBuf, bool)>,
+    /// No /workspace.
+    pub no_workspace: bool,
+    /// The command (default: tsh), or the profile's arguments.
+    pub cmd: Vec<String>,
+    /// A launch profile.
+    pub profile: Option<String>,
+    /// The host mount.
+    pub ctx: PathBuf,
+    /// The daemon's control socket.
+    pub control: PathBuf,
+    /// Wait for the terminal to end and exit with its status.
+    pub wait: bool,
+    /// Seconds between SIGTERM and SIGKILL at stop.
+    pub grace: u64,
+    /// Resume this other agent's session `session` (needs `session:<other>/<session> resume`).
+    pub resume: Option<String>,
+    /// Stop the run after this many seconds, over the agent's `timeout`.
+    pub timeout: Option<u64>,
+    /// The sandbox's memory ceiling in bytes, over the agent's `limits`.
+    pub memory: Option<u64>,
+    /// Its ceiling on processes and threads, over the agent's `limits`.
+    pub pids: Option<u64>,
+    /// Its CPU ceiling in percent of one CPU, over the agent's `limits`.
+    pub cpu: Option<u64>,
+    /// Start without any ceiling (where the host cannot apply them).
+    pub no_ceilings: bool,
+}
+
+/// Whether pasta can give `uid` a network: pasta installed, `/dev/net/tun` present and open to
+/// that uid (pasta runs as the agent).
+fn network_ready(uid: u32) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    if !Path::new("/usr/bin/pasta").exists() {
+        return Err("/usr/bin/pasta is missing (Debian package passt)".into());
+    }
+    let tun = std::fs::metadata("/dev/net/tun").map_err(|e| format!("/dev/net/tun: {e}"))?;
+    let open_to = |shift: u32| tun.mode() >> shift & 0o6 == 0o6;
+    if !(open_to(0) || (tun.uid() == uid && open_to(6))) {
+        return Err(format!(
+            "/dev/net/tun (mode {:o}) is not open to uid {uid}: chmod 0666 /dev/net/tun (scripts/host-setup)",
+            tun.mode() & 0o777
+        ));
+    }
+    Ok(())
+}
+
+/// What sandboxes need from the host, each missing piece with what to do about it.
+pub fn preflight() -> Result<(), String> {
+    let read = |p: &str| std::fs::read_to_string(p).ok().map(|t| t.trim().to_owned());
+    if !Path::new("/usr/bin/bwrap").exists() {
+        return Err("bubblewrap is not installed: apt-get install bubblewrap".into());
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return Err("/dev/fuse is missing: agent views are FUSE mounts (modprobe fuse)".into());
+    }
+    if read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref() == Some("1") {
+        return Err("AppArmor blocks unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns=1): \
+                    sysctl -w kernel.apparmor_restrict_unprivileged_userns=0, or give bwrap an AppArmor profile \
+                    that allows userns"
+            .into());
+    }
+    if read("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") {
+        return Err(
+            "unprivileged user namespaces are disabled: sysctl -w kernel.unprivileged_userns_clone=1".into(),
+        );
+    }
+    if read("/proc/sys/user/max_user_namespaces").as_deref() == Some("0") {
+        return Err("user namespaces are disabled (user.max_user_namespaces=0): sysctl -w user.max_user_namespaces=15000".into());
+    }
+    Ok(())
+}
+
+/// Derives the contract of the run `s` asks for.
+pub fn derive(s: &Start) -> Result<Contract> {
+    preflight().map_err(Error::Host)?;
+    policy::name::validate(&s.agent).map_err(|e| invalid(format!("agent {:?}: {e}", s.agent)))?;
+    policy::name::validate(&s.session).map_err(|e| invalid(format!("session {:?}: {e}", s.session)))?;
+    if !s.ctx.join("agent").join(&s.agent).exists() {
+        return Err(Error::State(format!("no agent {} in {}", s.agent, s.ctx.display())));
+    }
+    let num = |name: &str| -> Result<u32> {
+        let t = read_control(&s.ctx, &s.agent, name)?;
+        t.trim()
+            .parse()
+            .map_err(|_| invalid(format!("agent/{}.d/{name}: {:?} is not a number", s.agent, t.trim())))
+    };
+    let (uid, gid) = (num("uid")?, num("gid")?);
+    if uid == 0 {
+        eprintln!(
+            "ctx: warning: agent {} runs as uid 0: in its sandbox it is root over everything bound there \
+             (give it its own uid: agent/{}.d/uid)",
+            s.agent, s.agent
+        );
+    }
+    let groups = read_control(&s.ctx, &s.agent, "groups")
+        .unwrap_or_default()
+        .split_ascii_whitespace()
+        .map(|g| g.parse::<u32>().map_err(|_| invalid(format!("agent/{}.d/groups: {g:?}", s.agent))))
+        .collect::<Result<Vec<u32>>>()?;
+    let label = read_control(&s.ctx, &s.agent, "label")?.trim().to_owned();
+    let policy = Policy::from_text(read_control(&s.ctx, &s.agent, "policy")?.as_bytes())
+        .map_err(|_| invalid(format!("agent/{}.d/policy does not parse (ctx policy check)", s.agent)))?;
+    let granted = policy.allows(&Query {
+        subject: &label,
+        class: Class::Network,
+        object: "default",
+        permission: Permission::Connect,
+    });
+    if granted {
+        network_ready(uid).map_err(|why| {
+            Error::Unavailable(format!(
+                "agent {}: its policy grants network:default connect, but {why}",
+                s.agent
+            ))
+        })?;
+    }
+    let network = granted;
+    // Mounts: the agent's own table, then the operator's --mount; each one authorized by the
+    // agent's policy (`mount:TARGET read`, and `write` for rw), or nothing starts.
+    let table = read_control(&s.ctx, &s.agent, "mount").unwrap_or_default();
+    let table = policy::mount::parse(table.as_bytes()).map_err(|errs| {
+        let why: Vec<String> = errs.iter().map(ToString::to_string).collect();
+        invalid(format!("agent/{}.d/mount: {}", s.agent, why.join("; ")))
+    })?;
+    let mut mounts: Vec<Bind> = table
+        .iter()
+        .map(|m| Bind {
+            source: PathBuf::from(&m.source),
+            target: PathBuf::from(&m.target),
+            rw: m.mode == policy::mount::MountMode::Rw,
+            nosuid: m.options.nosuid,
+            nodev: m.options.nodev,
+            noexec: m.options.noexec,
+        })
+        .collect();
+    mounts.extend(s.mounts.iter().map(|(source, target, rw)| Bind {
+        source: source.clone(),
+        target: target.clone(),
+        rw: *rw,
+        nosuid: true,
+        nodev: true,
+        noexec: false,
+    }));
+    for Bind { source: src, target: tgt, rw, .. } in &mounts {
+        let target = tgt.to_string_lossy();
+        let allows = |permission| {
+            policy.allows(&Query { subject: &label, class: Class::Mount, object: &target, permission })
+        };
+        if !allows(Permission::Read) || (*rw && !allows(Permission::Write)) {
+            return Err(Error::Denied(format!(
+                "mount {} at {target} ({}): the agent's policy does not allow {label} mount:{target} {}",
+                src.display(),
+                if *rw { "rw" } else { "ro" },
+                if *rw { "read and write" } else { "read" }
+            )));
+        }
+        if !src.exists() {
+            return Err(invalid(format!("mount {}: the source does not exist", src.display())));
+        }
+    }
+    let workspace = if s.no_workspace {
+        None
+    } else {
+        Some(match &s.cwd {
+            Some(c) => c.clone(),
+            None => std::env::current_dir()?,
+        })
+    };
+    let home = format!("/ctx/home/{uid}");
+    // CTX_PATH: the agent's `path`, then the tool directories of the shared spaces it may see.
+    let path_control = read_control(&s.ctx, &s.agent, "path").unwrap_or_default();
+    let mut ctx_path: Vec<String> = if path_control.trim().is_empty() {
+        vec!["/ctx/tool".to_owned(), format!("{home}/tool")]
+    } else {
+        policy::tshconf::parse_ctx_path(path_control.trim())
+            .map_err(|e| invalid(format!("agent/{}.d/path: {e}", s.agent)))?
+    };
+    for space in policy.objects(&label, Class::Shared) {
+        let dir = format!("/ctx/shared/{space}/tool");
+        if !ctx_path.contains(&dir) {
+            ctx_path.push(dir);
+        }
+    }
+    let mut env = vec![
+        ("CTX_ROOT".to_owned(), "/ctx".to_owned()),
+        ("CTX_HOME".to_owned(), home.clone()),
+        ("CTX_AGENT".to_owned(), s.agent.clone()),
+        ("CTX_SESSION".to_owned(), s.session.clone()),
+        ("CTX_PATH".to_owned(), ctx_path.join(":")),
+        ("HOME".to_owned(), "/home/agent".to_owned()),
+        ("USER".to_owned(), s.agent.clone()),
+        ("LOGNAME".to_owned(), s.agent.clone()),
+        ("SHELL".to_owned(), "/ctx/bin/tsh".to_owned()),
+        ("TERM".to_owned(), std::env::var("TERM").unwrap_or_else(|_| "xterm-256color".into())),
+        ("LANG".to_owned(), "C.UTF-8".to_owned()),
+        ("PATH".to_owned(), "/usr/bin:/bin".to_owned()),
+    ];
+    if workspace.is_some() {
+        env.push(("CTX_WORKSPACE".to_owned(), "/workspace".to_owned()));
+    }
+    // The agent's own variables: KEY=VALUE lines; the launcher's are not theirs to change.
+    for line in read_control(&s.ctx, &s.agent, "env").unwrap_or_default().lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (k, v) = line
+            .split_once('=')
+            .filter(|(k, _)| !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+            .ok_or_else(|| invalid(format!("agent/{}.d/env: {line:?} is not KEY=VALUE", s.agent)))?;
+        if RESERVED_ENV.contains(&k) {
+            return Err(invalid(format!(
+                "agent/{}.d/env: {k} is set by the launcher and cannot be changed (reserved: {})",
+                s.agent,
+                RESERVED_ENV.join(" ")
+            )));
+        }
+        env.retain(|(key, _)| key != k);
+        env.push((k.to_owned(), v.to_owned()));
+    }
+    let cwd = match read_control(&s.ctx, &s.agent, "cwd").unwrap_or_default().trim() {
+        "" | "/workspace" if workspace.is_none() => "/".to_owned(),
+        "" => "/workspace".to_owned(),
+        c => {
+            policy::path::check_absolute(c).map_err(|e| invalid(format!("agent/{}.d/cwd: {e}", s.agent)))?;
+            c.to_owned()
+        }
+    };
+    let timeout = match s.timeout {
+        Some(t) => Some(t),
+        None => match read_control(&s.ctx, &s.agent, "timeout").unwrap_or_default().trim() {
+            "" => None,
+            t => Some(t.parse::<u64>().ok().filter(|&t| t > 0).ok_or_else(|| {
+                invalid(format!("agent/{}.d/timeout: {t:?} is not a number of seconds", s.agent))
+            })?),
+        },
+    };
+    let cmd = match &s.profile {
+        Some(name) => {
+            let p = profiles::find(name).ok_or_else(|| {
+                invalid(format!("unknown profile {name:?} (known: {})", profiles::names().join(" ")))
+            })?;
+            if p.program.starts_with("/usr/") && !Path::new(p.program).exists() {
+                return Err(Error::Unavailable(format!(
+                    "profile {}: {} is missing ({})",
+                    p.name, p.program, p.install
+                )));
+            }
+            env.extend(p.env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+            std::iter::once(p.program.to_owned()).chain(s.cmd.iter().cloned()).collect()
+        }
+        None if s.cmd.is_empty() => vec!["/ctx/bin/tsh".to_owned()],
+        None => s.cmd.clone(),
+    };
+    let limits = ceilings(s)?;
+    let session_of = match &s.resume {
+        Some(owner) => Some(resumable(s, owner, &label, &policy, uid)?),
+        None => None,
+    };
+    Ok(Contract {
+        agent: s.agent.clone(),
+        session: s.session.clone(),
+        uid,
+        gid,
+        groups,
+        network,
+        view: runtime::view_dir(&s.agent, &s.session),
+        workspace,
+        mounts,
+        cwd,
+        timeout,
+        env,
+        cmd,
+        runtime: runtime::run_dir(&s.agent, &s.session),
+        control: s.control.clone(),
+        grace: s.grace,
+        session_of,
+        wait_client: s.wait,
+        memory: limits.memory,
+        pids: limits.pids,
+        cpu: limits.cpu,
+        storage: std::fs::read_to_string(s.ctx.join("status"))
+            .ok()
+            .and_then(|t| policy::status::field(&t, "storage").map(PathBuf::from)),
+        ctx: s.ctx.clone(),
+    })
+}
+
+/// Checks that the run of `s` may resume `owner`'s session: the agent's policy grants
+/// `session:<owner>/<session> resume`, the session exists, and Linux permissions let the
+/// agent write it (the owner's uid is the agent's). Returns the owner.
+fn resumable(s: &Start, owner: &str, label: &str, policy: &Policy, uid: u32) -> Result<String> {
+    policy::name::validate(owner).map_err(|e| invalid(format!("--resume {owner:?}: {e}")))?;
+    let object = format!("{owner}/{}", s.session);
+    let q = Query { subject: label, class: Class::Session, object: &object, permission: Permission::Resume };
+    if !policy.allows(&q) {
+        return Err(Error::Denied(format!(
+            "agent/{}.d/policy does not allow {label} session:{object} resume",
+            s.agent
+        )));
+    }
+    let owner_uid: u32 = read_control(&s.ctx, owner, "uid")?
+        .trim()
+        .parse()
+        .map_err(|_| invalid(format!("agent/{owner}.d/uid is not a number")))?;
+    if owner_uid != uid {
+        return Err(Error::Denied(format!(
+            "session {object} belongs to uid {owner_uid}, agent {} runs as {uid}: Linux permissions \
+                 would refuse its writes (give both agents one uid to share sessions)",
+            s.agent
+        )));
+    }
+    let dir = runtime::session_dir(&s.ctx, uid, owner, &s.session);
+    if !dir.is_dir() {
+        return Err(Error::State(format!("agent {owner} has no session {}", s.session)));
+    }
+    Ok(owner.to_owned())
+}
+
+/// The run's ceilings: the agent's `limits` (or the defaults), under the flags; none with
+/// `--no-ceilings`. Refused (69) when the host cannot apply one.
+fn ceilings(s: &Start) -> Result<policy::limits::Limits> {
+    if s.no_ceilings {
+        return Ok(policy::limits::Limits { memory: None, pids: None, cpu: None });
+    }
+    let text = read_control(&s.ctx, &s.agent, "limits").unwrap_or_default();
+    let mut l = policy::limits::parse(text.as_bytes())
+        .map_err(|e| invalid(format!("agent/{}.d/limits: {e}", s.agent)))?;
+    l.memory = s.memory.or(l.memory);
+    l.pids = s.pids.or(l.pids);
+    l.cpu = s.cpu.or(l.cpu);
+    super::cgroups::plan(&l).map_err(|why| {
+        Error::Unavailable(format!(
+            "resource ceilings cannot be applied here: {why}; mount the controller (cgroup v2 or v1), \
+                 or start without ceilings with --no-ceilings"
+        ))
+    })?;
+    Ok(l)
+}
+
+impl Contract {
+    /// The agent whose session directory the run uses: its own, or the one it resumes.
+    pub fn session_owner(&self) -> &str {
+        self.session_of.as_deref().unwrap_or(&self.agent)
+    }
+}

@@ -1,0 +1,158 @@
+//! The run directory, `/run/cortexfs/agent/<agent>/<session>/`: `pid` (the supervisor),
+//! `log` and `contract.json` (root's, 0600), `exit` (the terminal's status), `term/` and
+//! `receipt/` (the agent's socket directories, bound into the sandbox), and what the
+//! supervisor prepares there (`workspace`, `mounts/`, `seccomp.bpf`). What stays of a run that
+//! ended is its `exit` and its `log`.
+
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use policy::runtime;
+
+use super::{Contract, Error, Result};
+
+fn alive(pid: i32) -> bool {
+    rustix::process::Pid::from_raw(pid).is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
+}
+
+/// The pid of the supervisor of the run whose directory is `run`, while it runs.
+pub fn supervisor(run: &Path) -> Option<i32> {
+    let pid: i32 = std::fs::read_to_string(run.join("pid")).ok()?.trim().parse().ok()?;
+    alive(pid).then_some(pid)
+}
+
+/// The recorded exit status of a finished agent session, if it has finished.
+pub fn exit_of(agent: &str, session: &str) -> Option<i32> {
+    let run = runtime::run_dir(agent, session);
+    if supervisor(&run).is_some() {
+        return None;
+    }
+    recorded_exit(&run)
+}
+
+/// The status recorded in `run/exit`.
+pub fn recorded_exit<T: std::str::FromStr>(run: &Path) -> Option<T> {
+    std::fs::read_to_string(run.join("exit")).ok()?.trim().parse().ok()
+}
+
+fn at(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |source| Error::RunDir { path: path.to_path_buf(), source }
+}
+
+/// Makes the run directory of `c` afresh: its socket directories are the agent's (0700), and
+/// the directories above them can be passed through but not listed (0711). Refused while the
+/// run is under way.
+pub fn prepare(c: &Contract) -> Result<()> {
+    if let Some(pid) = supervisor(&c.runtime) {
+        return Err(Error::State(format!("agent {} session {} is running (pid {pid})", c.agent, c.session)));
+    }
+    let _ = std::fs::remove_dir_all(&c.runtime);
+    let agents = (Some(rustix::fs::Uid::from_raw(c.uid)), Some(rustix::fs::Gid::from_raw(c.gid)));
+    for dir in ["term", "receipt"] {
+        let d = c.runtime.join(dir);
+        std::fs::create_dir_all(&d).map_err(at(&d))?;
+        rustix::fs::chown(&d, agents.0, agents.1).map_err(|e| at(&d)(e.into()))?;
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).map_err(at(&d))?;
+    }
+    let mut d = c.runtime.clone();
+    while d.starts_with(runtime::RUN_ROOT) && d != Path::new("/run") {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o711)).map_err(at(&d))?;
+        d.pop();
+    }
+    Ok(())
+}
+
+/// Creates (or truncates) a file of the run directory that only root reads (0600).
+pub fn private(path: &Path) -> Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(at(path))
+}
+
+/// Writes the contract of the run to `contract.json`; returns its path.
+pub fn write_contract(c: &Contract) -> Result<PathBuf> {
+    let path = c.runtime.join("contract.json");
+    let bytes = serde_json::to_vec_pretty(c).map_err(|e| Error::Internal(format!("contract: {e}")))?;
+    private(&path)?.write_all(&bytes).map_err(at(&path))?;
+    Ok(path)
+}
+
+/// Reads a contract back.
+pub fn read_contract(path: &Path) -> Result<Contract> {
+    let bytes = std::fs::read(path).map_err(at(path))?;
+    serde_json::from_slice(&bytes).map_err(|e| Error::Supervise(format!("{}: {e}", path.display())))
+}
+
+/// Records the supervisor's pid.
+pub fn write_pid(c: &Contract, pid: u32) -> Result<()> {
+    let p = c.runtime.join("pid");
+    std::fs::write(&p, pid.to_string()).map_err(at(&p))
+}
+
+/// The runs under way: (agent, session, supervisor pid), sorted.
+pub fn running() -> Vec<(String, String, i32)> {
+    let mut out = Vec::new();
+    let Ok(agents) = std::fs::read_dir(runtime::AGENT_RUNTIME) else { return out };
+    for a in agents.flatten() {
+        let Ok(sessions) = std::fs::read_dir(a.path()) else { continue };
+        for s in sessions.flatten() {
+            if let Some(pid) = supervisor(&s.path()) {
+                out.push((
+                    a.file_name().to_string_lossy().into_owned(),
+                    s.file_name().to_string_lossy().into_owned(),
+                    pid,
+                ));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Stops a run: SIGTERM to its supervisor, which stops the sandbox (grace, then SIGKILL) and
+/// records its status; returns that status once the supervisor has ended.
+pub fn stop(agent: &str, session: &str) -> Result<String> {
+    let run = runtime::run_dir(agent, session);
+    let Some(pid) = supervisor(&run) else {
+        return Err(Error::State(format!("agent {agent} session {session} is not running")));
+    };
+    let grace = read_contract(&run.join("contract.json")).map_or(5, |c| c.grace);
+    let Some(p) = rustix::process::Pid::from_raw(pid) else {
+        return Err(Error::State(format!("agent {agent} session {session}: bad pid {pid}")));
+    };
+    // Its end is waited for on a pidfd (opened before the signal, so a reused pid cannot fool it).
+    let fd = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty());
+    let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
+    let limit = Duration::from_secs(grace + 5);
+    let t = Instant::now();
+    match fd {
+        Ok(fd) => loop {
+            let left = limit.saturating_sub(t.elapsed());
+            let timeout = rustix::event::Timespec::try_from(left)
+                .unwrap_or(rustix::event::Timespec { tv_sec: 1, tv_nsec: 0 });
+            let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+            match rustix::event::poll(&mut fds, Some(&timeout)) {
+                Ok(n) if n > 0 => break,
+                Ok(_) => return Err(Error::State(format!("the supervisor (pid {pid}) did not stop"))),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(Error::Supervise(format!("poll: {e}"))),
+            }
+        },
+        // A kernel without pidfds: look again until it is gone.
+        Err(_) => {
+            while alive(pid) {
+                if t.elapsed() > limit {
+                    return Err(Error::State(format!("the supervisor (pid {pid}) did not stop")));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+    Ok(std::fs::read_to_string(run.join("exit")).unwrap_or_default().trim().to_owned())
+}

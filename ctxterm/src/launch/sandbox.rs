@@ -1,0 +1,184 @@
+//! The sandbox command line: a shell that joins the run's cgroups, `setpriv` to the agent's
+//! uid, gid and groups, `pasta` when the policy grants a network, a shell that hands bwrap the
+//! [`seccomp`](super::seccomp) filter on descriptor 3, and `bwrap` with the binds and the
+//! environment of the contract, running `ctxterm` on the terminal socket.
+//!
+//! Binds bwrap cannot flag are prepared first in the run directory ([`binds`](super::binds)):
+//! the operator's workspace through an idmapped mount when the agent has an identity of its
+//! own, and each bind of the mount table with its `nosuid`, `nodev`, `noexec` and read-only
+//! flags. [`release`] undoes them.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use policy::runtime;
+
+use super::binds::{self, Attrs};
+use super::{Contract, Error, Result, SANDBOX_UMASK};
+
+/// Where the run directory keeps the idmapped workspace.
+fn idmapped(c: &Contract) -> PathBuf {
+    c.runtime.join("workspace")
+}
+
+/// Where the run directory keeps the prepared binds of the mount table.
+fn prepared(c: &Contract) -> PathBuf {
+    c.runtime.join("mounts")
+}
+
+fn run_io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |source| Error::RunDir { path: path.to_path_buf(), source }
+}
+
+/// The workspace as the sandbox binds it: as it is when the agent owns it, else an idmapped
+/// bind that shows its owner's ids as the agent's (the agent then edits the operator's files
+/// and what it writes stays the operator's). A kernel that cannot idmap it gets it as it is,
+/// with a warning.
+fn workspace(c: &Contract) -> Result<Option<PathBuf>> {
+    let Some(w) = &c.workspace else { return Ok(None) };
+    let m = std::fs::metadata(w).map_err(|source| Error::Control { path: w.clone(), source })?;
+    if (m.uid(), m.gid()) == (c.uid, c.gid) {
+        return Ok(Some(w.clone()));
+    }
+    let at = idmapped(c);
+    std::fs::create_dir_all(&at).map_err(run_io(&at))?;
+    let attrs = Attrs {
+        idmap: Some(((m.uid(), m.gid()), (c.uid, c.gid))),
+        nosuid: true,
+        nodev: true,
+        ..Attrs::default()
+    };
+    match binds::bind(w, &at, &attrs) {
+        Ok(()) => Ok(Some(at)),
+        Err(e) => {
+            eprintln!("ctx: {e}; binding it as it is (the agent has what mode bits give it)");
+            Ok(Some(w.clone()))
+        }
+    }
+}
+
+/// The mount table's binds, prepared with their flags: (prepared path, target, rw).
+fn table(c: &Contract) -> Result<Vec<(PathBuf, PathBuf, bool)>> {
+    let dir = prepared(c);
+    let mut out = Vec::new();
+    for (i, b) in c.mounts.iter().enumerate() {
+        let at = dir.join(i.to_string());
+        std::fs::create_dir_all(&dir).map_err(run_io(&dir))?;
+        if b.source.is_dir() {
+            std::fs::create_dir_all(&at).map_err(run_io(&at))?;
+        } else {
+            std::fs::File::create(&at).map_err(run_io(&at))?;
+        }
+        let attrs = Attrs { nosuid: b.nosuid, nodev: b.nodev, noexec: b.noexec, rdonly: !b.rw, idmap: None };
+        binds::bind(&b.source, &at, &attrs)
+            .map_err(|e| Error::Bind { target: b.target.clone(), why: e.to_string() })?;
+        out.push((at, b.target.clone(), b.rw));
+    }
+    Ok(out)
+}
+
+/// The command that starts the sandbox of `c` inside the cgroups whose `cgroup.procs` files are
+/// `procs`. Prepares the binds and the seccomp filter in the run directory; sets the umask
+/// the sandbox inherits.
+pub fn command(c: &Contract, procs: &[PathBuf]) -> Result<Command> {
+    let procs: Vec<String> = procs.iter().map(|p| p.display().to_string()).collect();
+    // The sandbox starts inside its groups: a shell joins them, then execs setpriv.
+    let mut cmd = if procs.is_empty() {
+        Command::new("setpriv")
+    } else {
+        let mut sh = Command::new("/bin/sh");
+        sh.args(["-c", "IFS=:; for p in $0; do echo $$ > \"$p\" || exit 69; done; unset IFS; exec \"$@\""])
+            .arg(procs.join(":"))
+            .arg("setpriv");
+        sh
+    };
+    cmd.arg(format!("--reuid={}", c.uid)).arg(format!("--regid={}", c.gid));
+    if c.groups.is_empty() {
+        cmd.arg("--clear-groups");
+    } else {
+        let g: Vec<String> = c.groups.iter().map(u32::to_string).collect();
+        cmd.arg(format!("--groups={}", g.join(",")));
+    }
+    // No --no-new-privs here: pasta needs to map its namespace first; bwrap sets no_new_privs
+    // for everything in the sandbox (checked by the tests).
+    cmd.arg("--");
+    if c.network {
+        cmd.args(["pasta", "--config-net", "--quiet", "--"]);
+    }
+    let workspace = workspace(c)?;
+    // The seccomp filter reaches bwrap as descriptor 3, opened by a shell right before it execs
+    // bwrap (pasta, when it runs, closes the descriptors it inherits).
+    let filter = c.runtime.join("seccomp.bpf");
+    let program = super::seccomp::program().map_err(|e| Error::Seccomp(e.to_string()))?;
+    std::fs::write(&filter, program).map_err(run_io(&filter))?;
+    cmd.args(["/bin/sh", "-c", "exec \"$@\" 3<\"$0\""]).arg(&filter);
+    cmd.arg("bwrap").args([
+        "--seccomp",
+        "3",
+        "--disable-userns",
+        "--die-with-parent",
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+    ]);
+    // The agent's ids inside too (under pasta, the process starting bwrap is its namespace's root).
+    cmd.arg("--uid").arg(c.uid.to_string()).arg("--gid").arg(c.gid.to_string());
+    if !c.network {
+        cmd.arg("--unshare-net");
+    }
+    cmd.args(["--ro-bind", "/usr", "/usr"]);
+    for (link, target) in
+        [("usr/bin", "/bin"), ("usr/sbin", "/sbin"), ("usr/lib", "/lib"), ("usr/lib64", "/lib64")]
+    {
+        if Path::new(target).is_symlink() {
+            cmd.args(["--symlink", link, target]);
+        } else if Path::new(target).exists() {
+            cmd.args(["--ro-bind", target, target]);
+        }
+    }
+    cmd.args(["--ro-bind", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
+    cmd.args(["--dir", "/home/agent", "--hostname", &c.agent]);
+    cmd.arg("--bind").arg(&c.view).arg("/ctx");
+    cmd.arg("--bind").arg(c.runtime.join("term")).arg(runtime::SANDBOX_TERMINAL);
+    cmd.arg("--bind").arg(c.runtime.join("receipt")).arg(runtime::SANDBOX_RECEIPT);
+    if let Some(w) = &workspace {
+        cmd.arg("--bind").arg(w).arg("/workspace");
+    }
+    cmd.arg("--chdir").arg(&c.cwd);
+    // The mount table, each bind prepared with its flags (bwrap's own binds cannot say noexec).
+    for (at, target, rw) in table(c)? {
+        cmd.arg(if rw { "--bind" } else { "--ro-bind" }).arg(&at).arg(&target);
+    }
+    cmd.arg("--clearenv");
+    for (k, v) in &c.env {
+        cmd.args(["--setenv", k, v]);
+    }
+    cmd.args(["--new-session", "--", "/ctx/bin/ctxterm", "--socket", runtime::SANDBOX_TERMINAL_SOCKET]);
+    if c.wait_client {
+        cmd.arg("--wait-client");
+    }
+    cmd.arg("--");
+    cmd.args(&c.cmd);
+    cmd.env_clear().env("PATH", "/usr/bin:/bin").stdin(Stdio::null());
+    // Inherited through setpriv and bwrap by everything in the sandbox.
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(SANDBOX_UMASK));
+    Ok(cmd)
+}
+
+/// Undoes what [`command`] prepared: the idmapped workspace, the prepared binds, the filter.
+pub fn release(c: &Contract) {
+    let idmapped = idmapped(c);
+    if idmapped.exists() {
+        let _ = rustix::mount::unmount(&idmapped, rustix::mount::UnmountFlags::DETACH);
+        let _ = std::fs::remove_dir(&idmapped);
+    }
+    let prepared = prepared(c);
+    for i in 0..c.mounts.len() {
+        let _ = rustix::mount::unmount(prepared.join(i.to_string()), rustix::mount::UnmountFlags::DETACH);
+    }
+    let _ = std::fs::remove_dir_all(&prepared);
+    let _ = std::fs::remove_file(c.runtime.join("seccomp.bpf"));
+}

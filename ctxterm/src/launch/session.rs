@@ -1,0 +1,115 @@
+//! Session preparation (spec §6): `home/<uid>/agent/<agent>/session/<s>/` with `state`,
+//! `created_at`, `updated_at`, `cwd`, `latest.md`, `messages.jsonl`, `events.jsonl`,
+//! `context/` and `terminal/main.sock` (a symlink to the run's socket, spec §7), every file
+//! owned by the agent; the state a run leaves when it ends; and the events that say why a run
+//! was stopped.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::SystemTime;
+
+use policy::runtime;
+
+use super::{Error, Result};
+
+fn now() -> String {
+    format!("{}\n", humantime::format_rfc3339_seconds(SystemTime::now()))
+}
+
+fn at(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |source| Error::Session { path: path.to_path_buf(), source }
+}
+
+/// Creates (or reopens) a session for a run, through the host mount `ctx`: every file of the
+/// layout, owned by the agent (`uid`, `gid`).
+pub fn prepare(ctx: &Path, uid: u32, gid: u32, agent: &str, session: &str, cwd: &str) -> Result<()> {
+    let d = runtime::session_dir(ctx, uid, agent, session);
+    std::fs::create_dir_all(d.join("context")).map_err(at(&d))?;
+    let own = |p: &Path| {
+        let _ =
+            rustix::fs::chown(p, Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(gid)));
+    };
+    let home = ctx.join("home").join(uid.to_string());
+    let mut up = d.clone();
+    while up.starts_with(&home) {
+        own(&up);
+        if !up.pop() {
+            break;
+        }
+    }
+    own(&d.join("context"));
+    let put = |name: &str, text: &str, keep: bool| -> Result<()> {
+        let p = d.join(name);
+        if keep && p.exists() {
+            return Ok(());
+        }
+        std::fs::write(&p, text).map_err(at(&p))?;
+        own(&p);
+        Ok(())
+    };
+    put("created_at", &now(), true)?;
+    put("updated_at", &now(), false)?;
+    put("state", "active\n", false)?;
+    put("cwd", &format!("{cwd}\n"), false)?;
+    put("latest.md", "", true)?;
+    // The terminal's ABI path (spec §7): a symlink to the socket in the run's directory.
+    let term = d.join("terminal");
+    std::fs::create_dir_all(&term).map_err(at(&term))?;
+    own(&term);
+    let link = term.join("main.sock");
+    let _ = std::fs::remove_file(&link);
+    let target = runtime::run_dir(agent, session).join("term/main.sock");
+    std::os::unix::fs::symlink(&target, &link).map_err(at(&link))?;
+    for log in ["messages.jsonl", "events.jsonl"] {
+        let p = d.join(log);
+        if !p.exists() {
+            std::fs::OpenOptions::new().append(true).create(true).open(&p).map_err(at(&p))?;
+            own(&p);
+        }
+    }
+    Ok(())
+}
+
+/// Marks a session's run as ended with `code`.
+pub fn finish(ctx: &Path, uid: u32, agent: &str, session: &str, code: i32) {
+    let d = runtime::session_dir(ctx, uid, agent, session);
+    let _ = std::fs::write(d.join("state"), if code == 0 { "done\n" } else { "error\n" });
+    let _ = std::fs::write(d.join("updated_at"), now());
+}
+
+/// Appends one event line to a session's `events.jsonl`: durable when it returns.
+pub fn append_event(dir: &Path, event: &serde_json::Value) -> std::io::Result<()> {
+    let mut line = event.to_string();
+    line.push('\n');
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(dir.join("events.jsonl"))
+        .and_then(|mut f| f.write_all(line.as_bytes()))
+}
+
+/// Now, as events stamp it.
+pub fn timestamp() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+/// Rebuilds a session's `latest.md` from the last assistant message of its `messages.jsonl`
+/// (its `content`, or `text`), replaced whole; returns the text.
+pub fn rebuild_latest(dir: &Path) -> Result<String> {
+    let msgs = dir.join("messages.jsonl");
+    let text = std::fs::read_to_string(&msgs).map_err(at(&msgs))?;
+    let mut last = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["role"] == "assistant")
+        .filter_map(|v| v["content"].as_str().or_else(|| v["text"].as_str()).map(str::to_owned))
+        .next_back()
+        .unwrap_or_default();
+    if !last.is_empty() && !last.ends_with('\n') {
+        last.push('\n');
+    }
+    let tmp = dir.join(format!(".latest.md.{}", std::process::id()));
+    std::fs::write(&tmp, &last).map_err(at(&tmp))?;
+    let latest = dir.join("latest.md");
+    std::fs::rename(&tmp, &latest).map_err(at(&latest))?;
+    Ok(last)
+}

@@ -1,0 +1,309 @@
+//! Starting a run and supervising it.
+//!
+//! [`start`] derives the contract, prepares the run directory, the session and the view, and
+//! starts the supervisor (the front end's [`SUPERVISE`] subcommand, in a process group of its
+//! own); it returns once the terminal answers. [`supervise`] serves the run's receipt socket,
+//! starts the sandbox inside its cgroups and waits on the sandbox's pidfd and a signal pipe,
+//! with a housekeeping tick once a second (owned children that ended, whether the view still
+//! answers, the run's timeout). A stop (signal, timeout, lost view) is SIGTERM, the grace
+//! period, then SIGKILL. At the end it records the status in the session and the run
+//! directory and releases everything the run held.
+
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use policy::runtime::{self, ControlRequest};
+use serde_json::json;
+
+use super::receipt::{self, Children, Run};
+use super::{Contract, Error, Result, Start, cgroups, contract, rundir, sandbox, session, view};
+
+/// The front end's subcommand that runs [`supervise`] on a contract file: the supervisor is
+/// `<current executable> agent supervise CONTRACT`.
+pub const SUPERVISE: [&str; 2] = ["agent", "supervise"];
+
+/// The exit code of a process status: its code, or 128 + the signal that ended it.
+pub fn code_of(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+/// Prepares the run of `s` and starts its supervisor; returns the contract and the supervisor.
+fn spawn(s: &Start) -> Result<(Contract, std::process::Child)> {
+    let c = contract::derive(s)?;
+    rundir::prepare(&c)?;
+    // The session, in the agent's home, owned by the agent.
+    let cwd = if c.workspace.is_some() { "/workspace" } else { "/" };
+    session::prepare(&s.ctx, c.uid, c.gid, c.session_owner(), &c.session, cwd)?;
+    view::call(
+        &c.control,
+        &ControlRequest::Create {
+            agent: c.agent.clone(),
+            session: c.session.clone(),
+            path: Some(c.view.display().to_string()),
+            session_of: c.session_of.clone(),
+            // What the run's tools may touch comes from here, never from the agent's environment.
+            workspace: c.workspace.as_ref().map(|_| "/workspace".to_owned()),
+        },
+    )?;
+    // Run state is root's: the contract names the command line, which other users have no
+    // business reading; it goes when the run ends.
+    let contract_file = rundir::write_contract(&c)?;
+    let log_path = c.runtime.join("log");
+    let log = rundir::private(&log_path)?;
+    let err = log.try_clone().map_err(|source| Error::RunDir { path: log_path.clone(), source })?;
+    let child = Command::new(std::env::current_exe()?)
+        .args(SUPERVISE)
+        .arg(&contract_file)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(err)
+        .process_group(0)
+        .spawn()
+        .map_err(|e| Error::Supervise(format!("starting the supervisor: {e}")))?;
+    rundir::write_pid(&c, child.id())?;
+    Ok((c, child))
+}
+
+/// How a run's terminal came up.
+enum Ready {
+    /// It answers; with `wait`, this client is its first watcher.
+    Up(Option<std::os::unix::net::UnixStream>),
+    /// The supervisor ended before the terminal answered, with the terminal's status if any.
+    Ended(Option<u8>),
+}
+
+/// Waits until the terminal of the run `c` answers on its socket, or its supervisor ends.
+fn ready(c: &Contract, child: &mut std::process::Child, wait: bool) -> Result<Ready> {
+    let sock = c.runtime.join("term/main.sock");
+    let t = Instant::now();
+    loop {
+        if let Ok(mut conn) = std::os::unix::net::UnixStream::connect(&sock) {
+            if wait {
+                // The terminal waits for this first client: all of its output is shown here.
+                conn.write_all(b"watch\n")?;
+                return Ok(Ready::Up(Some(conn)));
+            }
+            return Ok(Ready::Up(None));
+        }
+        if let Ok(Some(_)) = child.try_wait() {
+            // Ended before we saw its socket: a short command, or a sandbox that could not start.
+            return Ok(Ready::Ended(rundir::recorded_exit(&c.runtime)));
+        }
+        if t.elapsed() > Duration::from_secs(15) {
+            return Err(Error::NoAnswer(sock));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn ended_at_once(c: &Contract) -> Error {
+    Error::EndedAtOnce(std::fs::read_to_string(c.runtime.join("log")).unwrap_or_default())
+}
+
+/// Starts the run of `s` for the receipt server (`agent.start`): returns its supervisor, a
+/// child of the caller's, once the terminal answers.
+pub fn start_owned(s: &Start) -> Result<std::process::Child> {
+    let (c, mut child) = spawn(s)?;
+    match ready(&c, &mut child, false)? {
+        Ready::Up(_) | Ready::Ended(Some(0)) => Ok(child),
+        Ready::Ended(_) => Err(ended_at_once(&c)),
+    }
+}
+
+/// How a started run went: under way (its terminal answers), or ended (with `wait`).
+#[derive(Debug)]
+pub enum Started {
+    /// The terminal answers on this socket.
+    Running {
+        /// The agent.
+        agent: String,
+        /// The session.
+        session: String,
+        /// The terminal socket.
+        socket: std::path::PathBuf,
+    },
+    /// The run ended with status 0 (with `wait`: after its output was copied to `out`).
+    Ended,
+}
+
+/// Starts the run of `s`. With `s.wait`, copies the terminal's output to `out` until it ends
+/// and fails with [`Error::Status`] when its status is not 0.
+pub fn start(s: &Start, out: &mut dyn Write) -> Result<Started> {
+    let (c, mut child) = spawn(s)?;
+    let sock = c.runtime.join("term/main.sock");
+    let watcher = match ready(&c, &mut child, s.wait)? {
+        Ready::Up(w) => w,
+        Ready::Ended(Some(0)) if s.wait => return Ok(Started::Ended),
+        Ready::Ended(Some(code)) if s.wait => return Err(Error::Status(code)),
+        Ready::Ended(_) => return Err(ended_at_once(&c)),
+    };
+    if let Some(mut conn) = watcher {
+        let _ = std::io::copy(&mut conn, out);
+        let st = child.wait()?;
+        let code: u8 = rundir::recorded_exit(&c.runtime).unwrap_or(if st.success() { 0 } else { 1 });
+        if code != 0 {
+            return Err(Error::Status(code));
+        }
+        return Ok(Started::Ended);
+    }
+    Ok(Started::Running { agent: c.agent.clone(), session: c.session.clone(), socket: sock })
+}
+
+/// Runs the supervisor of the run whose contract is at `contract_file`.
+pub fn supervise(contract_file: &Path) -> Result<()> {
+    let c = rundir::read_contract(contract_file)?;
+    let fail = |what: &str, e: std::io::Error| Error::Supervise(format!("{what}: {e}"));
+    // Signals asking the run to stop arrive on a pipe, so that one poll waits for them and for
+    // the sandbox to end (its pidfd).
+    let (signals, signalled) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK)
+            .map_err(|e| fail("pipe", e.into()))?;
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT, signal_hook::consts::SIGHUP] {
+        let w = signalled.try_clone().map_err(|e| fail("pipe", e))?;
+        signal_hook::low_level::pipe::register(sig, w).map_err(|e| fail("signals", e))?;
+    }
+    drop(signalled);
+    let run = Run {
+        agent: c.agent.clone(),
+        session: c.session.clone(),
+        uid: c.uid,
+        ctx: c.ctx.clone(),
+        control: c.control.clone(),
+        workspace: c.workspace.clone(),
+    };
+    let children = Children::default();
+    receipt::serve(run.clone(), &c.runtime.join("receipt/main.sock"), children.clone())
+        .map_err(|e| fail("the receipt socket", e))?;
+    let limits = policy::limits::Limits { memory: c.memory, pids: c.pids, cpu: c.cpu };
+    let groups = cgroups::create(&format!("{}.{}", c.agent, c.session), &limits)
+        .map_err(|e| Error::Cgroups(e.to_string()))?;
+    let mut cmd = sandbox::command(&c, &groups.procs())?;
+    let mut child = cmd.spawn().map_err(Error::Spawn)?;
+    let started = Instant::now();
+    let mut timed_out = false;
+    let pid = rustix::process::Pid::from_child(&child);
+    let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+        .map_err(|e| fail("pidfd_open", e.into()))?;
+    let mut killed_at: Option<Instant> = None;
+    let mut stopping = false;
+    let mut lost = false;
+    let mut checked = Instant::now();
+    // Housekeeping (children that ended, whether the view still answers) once a second; the
+    // sandbox's end and signals wake the wait at once.
+    const TICK: Duration = Duration::from_secs(1);
+    let status = loop {
+        let wait = match killed_at {
+            // Until the grace ends, then while SIGKILL takes effect.
+            Some(t) => Duration::from_secs(c.grace)
+                .saturating_sub(t.elapsed())
+                .clamp(Duration::from_millis(20), TICK),
+            None => TICK.saturating_sub(checked.elapsed()),
+        };
+        let timeout = rustix::event::Timespec::try_from(wait)
+            .unwrap_or(rustix::event::Timespec { tv_sec: 1, tv_nsec: 0 });
+        let mut fds = [
+            rustix::event::PollFd::new(&pidfd, rustix::event::PollFlags::IN),
+            rustix::event::PollFd::new(&signals, rustix::event::PollFlags::IN),
+        ];
+        match rustix::event::poll(&mut fds, Some(&timeout)) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(fail("poll", e.into())),
+        }
+        let (ended, asked) = (!fds[0].revents().is_empty(), !fds[1].revents().is_empty());
+        if ended && let Some(st) = child.try_wait()? {
+            break st;
+        }
+        if asked {
+            let mut drain = [0u8; 64];
+            while rustix::io::read(&signals, &mut drain).is_ok_and(|n| n > 0) {}
+            stopping = true;
+        }
+        if !stopping && c.timeout.is_some_and(|t| started.elapsed() >= Duration::from_secs(t)) {
+            timed_out = true;
+            stopping = true;
+            eprintln!("agent {} session {}: its timeout ran out: stopping the run", c.agent, c.session);
+        }
+        if checked.elapsed() >= TICK {
+            checked = Instant::now();
+            run.reap(&children);
+            // A view whose daemon is gone is a world that no longer answers: the run is
+            // stopped and its session says why.
+            if !lost && !view::answers(&c.view) {
+                lost = true;
+                stopping = true;
+                eprintln!(
+                    "agent {} session {}: its view is gone (the daemon ended): stopping the run",
+                    c.agent, c.session
+                );
+            }
+        }
+        if stopping {
+            match killed_at {
+                None => {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+                    killed_at = Some(Instant::now());
+                }
+                Some(t) if t.elapsed() >= Duration::from_secs(c.grace) => {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                }
+                Some(_) => {}
+            }
+        }
+    };
+    let code = code_of(status);
+    // Owned children go with their parent; their history stays.
+    run.reap(&children);
+    for (child, session) in receipt::owned(&children) {
+        run.cancel(&child, &session);
+    }
+    if lost {
+        lost_view(&c, code);
+    } else if timed_out {
+        let reason = format!("the run's timeout ({} s) ran out; it was stopped", c.timeout.unwrap_or(0));
+        let _ = ended_event(&c, "run.timeout", &reason, code);
+        session::finish(&c.ctx, c.uid, c.session_owner(), &c.session, code.max(1));
+    } else {
+        session::finish(&c.ctx, c.uid, c.session_owner(), &c.session, code);
+    }
+    let _ = std::fs::write(c.runtime.join("exit"), format!("{code}\n"));
+    view::remove(&c.control, &c.view);
+    sandbox::release(&c);
+    // What stays of a run is its status (`exit`) and the supervisor's own log (0600).
+    let _ = std::fs::remove_dir_all(c.runtime.join("term"));
+    let _ = std::fs::remove_dir_all(c.runtime.join("receipt"));
+    let _ = std::fs::remove_file(contract_file);
+    let _ = std::fs::remove_file(c.runtime.join("pid"));
+    groups.remove();
+    eprintln!("agent {} session {}: terminal ended with status {code}", c.agent, c.session);
+    Ok(())
+}
+
+/// Appends an event saying why a run ended to its session, through /ctx.
+fn ended_event(c: &Contract, kind: &str, reason: &str, code: i32) -> std::io::Result<()> {
+    let dir = runtime::session_dir(&c.ctx, c.uid, c.session_owner(), &c.session);
+    let event = json!({"ts": session::timestamp(), "type": kind, "agent": c.agent, "session": c.session,
+        "status": "error", "reason": reason, "code": code});
+    session::append_event(&dir, &event)
+        .inspect_err(|e| eprintln!("agent {} session {}: cannot record {kind}: {e}", c.agent, c.session))
+}
+
+/// Marks the session of a run stopped because its view died: `state` error and a `run.lost`
+/// event, through the host's /ctx once a daemon answers there again (up to 15 s), else the
+/// state directly in the storage the run started on.
+fn lost_view(c: &Contract, code: i32) {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(15) && rustix::fs::statfs(c.ctx.join("status")).is_err() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let reason = "the run's view ended (its daemon is gone); the run was stopped";
+    if ended_event(c, "run.lost", reason, code).is_ok() {
+        session::finish(&c.ctx, c.uid, c.session_owner(), &c.session, code.max(1));
+    } else if let Some(storage) = &c.storage {
+        let d = runtime::session_dir(storage, c.uid, c.session_owner(), &c.session);
+        let _ = std::fs::write(d.join("state"), "error\n");
+    }
+}

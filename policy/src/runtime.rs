@@ -1,0 +1,177 @@
+//! The runtime ABI: where a host keeps what runs, where sessions live, and the messages of the
+//! daemon's control socket. Every crate that names one of these takes it from here.
+//!
+//! ```text
+//! /run/cortexfs/control.sock              the daemon's control socket (root only)
+//! /run/cortexfs/view/<agent>/<session>/    an agent session's view (a FUSE mount)
+//! /run/cortexfs/agent/<agent>/<session>/   a run's state: pid, exit, log, term/, receipt/
+//! /run/cortexfs/terminal/main.sock         the terminal socket, as seen inside a sandbox
+//! /run/cortexfs/receipt/main.sock          the receipt socket, as seen inside a sandbox
+//! home/<uid>/agent/<agent>/session/<s>/    a session, under /ctx or the storage
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The root of a host's runtime state.
+pub const RUN_ROOT: &str = "/run/cortexfs";
+/// The daemon's control socket.
+pub const CONTROL_SOCKET: &str = "/run/cortexfs/control.sock";
+/// Where views are mounted by default.
+pub const VIEW_ROOT: &str = "/run/cortexfs/view";
+/// Where each run's state is kept.
+pub const AGENT_RUNTIME: &str = "/run/cortexfs/agent";
+/// The directory of the terminal socket inside a sandbox.
+pub const SANDBOX_TERMINAL: &str = "/run/cortexfs/terminal";
+/// The terminal socket inside a sandbox.
+pub const SANDBOX_TERMINAL_SOCKET: &str = "/run/cortexfs/terminal/main.sock";
+/// The directory of the receipt socket inside a sandbox.
+pub const SANDBOX_RECEIPT: &str = "/run/cortexfs/receipt";
+/// The receipt socket inside a sandbox.
+pub const SANDBOX_RECEIPT_SOCKET: &str = "/run/cortexfs/receipt/main.sock";
+/// Most bytes of one control-socket request line.
+pub const CONTROL_REQUEST_MAX: usize = 64 * 1024;
+
+/// A session's directory under `root` (`/ctx`, a view, or the storage).
+pub fn session_dir(root: &Path, uid: u32, agent: &str, session: &str) -> PathBuf {
+    root.join(session_path(uid, agent, session))
+}
+
+/// A session's path relative to the root: `home/<uid>/agent/<agent>/session/<session>`.
+pub fn session_path(uid: u32, agent: &str, session: &str) -> String {
+    format!("home/{uid}/{}", session_in_home(agent, session))
+}
+
+/// A session's path relative to its uid's home: `agent/<agent>/session/<session>`.
+pub fn session_in_home(agent: &str, session: &str) -> String {
+    format!("agent/{agent}/session/{session}")
+}
+
+/// The default view of an agent session.
+pub fn view_dir(agent: &str, session: &str) -> PathBuf {
+    Path::new(VIEW_ROOT).join(agent).join(session)
+}
+
+/// A run's state directory.
+pub fn run_dir(agent: &str, session: &str) -> PathBuf {
+    Path::new(AGENT_RUNTIME).join(agent).join(session)
+}
+
+/// A request to the daemon's control socket, one JSON line.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
+pub enum ControlRequest {
+    /// A new view of `agent`'s authority for `session`, mounted at `path` (default
+    /// [`view_dir`]); `session_of` names the agent whose session it runs on when it is not
+    /// its own; `workspace` is where the run's workspace appears inside the sandbox.
+    Create {
+        /// The agent.
+        agent: String,
+        /// The session.
+        session: String,
+        /// Where to mount the view.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        path: Option<String>,
+        /// The agent whose session the run resumes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session_of: Option<String>,
+        /// The workspace's path inside the sandbox.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        workspace: Option<String>,
+    },
+    /// The views being served.
+    Ls {},
+    /// Unmount and forget the view at `path`.
+    Rm {
+        /// The view's mount point.
+        path: String,
+    },
+}
+
+impl ControlRequest {
+    /// Parses one request line; the error says what is wrong with it.
+    pub fn parse(line: &[u8]) -> Result<ControlRequest, String> {
+        if line.len() > CONTROL_REQUEST_MAX {
+            return Err(format!("invalid request: longer than {CONTROL_REQUEST_MAX} bytes"));
+        }
+        serde_json::from_slice(line).map_err(|e| format!("invalid request: {e}"))
+    }
+}
+
+/// A view as `ls` lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ViewEntry {
+    /// The agent.
+    pub agent: String,
+    /// The session.
+    pub session: String,
+    /// The mount point.
+    pub path: String,
+}
+
+/// The control socket's reply, one JSON line: `{"ok":true,...}` or `{"ok":false,"error":..}`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControlReply {
+    /// Whether the request was done.
+    pub ok: bool,
+    /// Why not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The mount point of a created view.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The views, for `ls`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub views: Option<Vec<ViewEntry>>,
+}
+
+impl ControlReply {
+    /// A refusal.
+    pub fn refused(error: impl Into<String>) -> ControlReply {
+        ControlReply { ok: false, error: Some(error.into()), ..ControlReply::default() }
+    }
+
+    /// Whether a refusal is a permission refusal (the daemon says `permission denied: ...`).
+    pub fn denied(&self) -> bool {
+        self.error.as_deref().is_some_and(|e| e.starts_with("permission denied"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_requests_are_checked_whole() {
+        let r = ControlRequest::parse(br#"{"op":"create","agent":"a","session":"s"}"#);
+        assert_eq!(
+            r,
+            Ok(ControlRequest::Create {
+                agent: "a".into(),
+                session: "s".into(),
+                path: None,
+                session_of: None,
+                workspace: None
+            })
+        );
+        assert_eq!(ControlRequest::parse(br#"{"op":"ls"}"#), Ok(ControlRequest::Ls {}));
+        for bad in [
+            &br#"{"op":"create","agent":"a"}"#[..],
+            br#"{"op":"rm"}"#,
+            br#"{"op":"ls","x":1}"#,
+            br#"{"op":"format"}"#,
+            b"[]",
+        ] {
+            assert!(ControlRequest::parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+        assert!(ControlRequest::parse(&vec![b' '; CONTROL_REQUEST_MAX + 1]).is_err());
+    }
+
+    #[test]
+    fn a_session_lives_under_its_uids_home() {
+        assert_eq!(session_path(1000, "coder", "main"), "home/1000/agent/coder/session/main");
+        assert_eq!(session_dir(Path::new("/ctx"), 7, "a", "s"), Path::new("/ctx/home/7/agent/a/session/s"));
+        assert_eq!(run_dir("a", "s"), Path::new("/run/cortexfs/agent/a/s"));
+    }
+}
