@@ -52,3 +52,7 @@ pub fn shown(o: &Output) -> String {
         String::from_utf8_lossy(&o.stderr)
     )
 }
+
+/// Held by tests that start sandboxes with a network, or that change what the host offers
+/// them (`/dev/net/tun`): those must not run side by side.
+pub static NETWORK: std::sync::Mutex<()> = std::sync::Mutex::new(());

@@ -199,6 +199,7 @@ const GATEWAY: &str = "import socket, struct\n\
 
 #[test]
 fn a_network_grant_gives_egress_through_pasta() {
+    let _net = tests::NETWORK.lock().unwrap_or_else(|p| p.into_inner());
     let w = World::new();
     let policy = w.s.storage.join("agent/coder.d/policy");
     let mut p = fs::read_to_string(&policy).unwrap();
@@ -224,6 +225,47 @@ fn a_network_grant_gives_egress_through_pasta() {
     let err = fs::read_to_string(w.work.join("err")).unwrap_or_default();
     assert!(out.status.success(), "{}\n{err}", text(&out));
     assert_eq!(fs::read_to_string(w.work.join("net")).unwrap(), "hello from the host");
+}
+
+#[test]
+fn a_network_grant_the_host_cannot_serve_starts_without_a_network_and_says_so() {
+    use std::os::unix::fs::PermissionsExt;
+    let w = World::new();
+    let policy = w.s.storage.join("agent/coder.d/policy");
+    let mut p = fs::read_to_string(&policy).unwrap();
+    p.push_str("allow coder_t network:default connect\n");
+    fs::write(&policy, p).unwrap();
+    // A host whose /dev/net/tun the agent cannot open (root's only, for the length of the run).
+    let _net = tests::NETWORK.lock().unwrap_or_else(|p| p.into_inner());
+    struct Restore(u32);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = fs::set_permissions("/dev/net/tun", fs::Permissions::from_mode(self.0));
+        }
+    }
+    let mode = fs::metadata("/dev/net/tun").unwrap().permissions().mode() & 0o7777;
+    let _restore = Restore(mode);
+    fs::set_permissions("/dev/net/tun", fs::Permissions::from_mode(0o600)).unwrap();
+    let s = session("nt");
+    let out = w.start(
+        &s,
+        &["--wait"],
+        &["/bin/sh", "-c", "sed -n '3,$s/:.*//p' /proc/net/dev | tr -d ' ' > /workspace/links"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("warning") && stderr.contains("is not open to uid 1000"), "{stderr}");
+    assert_eq!(
+        fs::read_to_string(w.work.join("links")).unwrap(),
+        "lo\n",
+        "the sandbox's network is unshared"
+    );
+    let events =
+        fs::read_to_string(w.s.storage.join(format!("home/1000/agent/coder/session/{s}/events.jsonl")))
+            .unwrap();
+    let warning =
+        events.lines().find(|l| l.contains("\"run.warning\"")).unwrap_or_else(|| panic!("{events}"));
+    assert!(warning.contains("/dev/net/tun") && warning.contains("no network"), "{warning}");
 }
 
 #[test]

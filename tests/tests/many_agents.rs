@@ -902,6 +902,9 @@ fn every_agent_control_counts_at_launch() {
     let locked = h.s.dir.path().join("grouponly");
     fs::create_dir_all(&locked).unwrap();
     fs::write(locked.join("f"), "group\n").unwrap();
+    // A setuid-root program on a nosuid bind runs as the agent.
+    fs::copy("/usr/bin/id", locked.join("suid-id")).unwrap();
+    fs::set_permissions(locked.join("suid-id"), fs::Permissions::from_mode(0o4755)).unwrap();
     rustix::fs::chown(&locked, None, Some(rustix::fs::Gid::from_raw(4242))).unwrap();
     fs::set_permissions(&locked, fs::Permissions::from_mode(0o770)).unwrap();
     let t = tree.to_str().unwrap();
@@ -932,7 +935,8 @@ fn every_agent_control_counts_at_launch() {
     let script = format!(
         "pwd > /workspace/pwd; env > /workspace/env; /tree/run.sh > /workspace/exec 2>&1; echo $? >> /workspace/exec; \
          grep ' /tree ' /proc/self/mountinfo > /workspace/tree; touch /workspace/made; \
-         ls {g} > /workspace/group 2>&1"
+         ls {g} > /workspace/group 2>&1; {g}/suid-id -u > /workspace/suid 2>&1; \
+         grep ' /grouponly ' /proc/self/mountinfo > /workspace/grouponly"
     );
     let o = Command::new("/bin/sh")
         .arg("-c")
@@ -965,7 +969,9 @@ fn every_agent_control_counts_at_launch() {
     }
     let mode = fs::metadata(h.work.join("made")).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o644, "the sandbox's umask, whatever the operator's");
-    assert_eq!(read("group"), "f\n", "the agent's supplementary group opens what it owns");
+    assert_eq!(read("group"), "f\nsuid-id\n", "the agent's supplementary group opens what it owns");
+    assert_eq!(read("suid"), "6000\n", "a setuid bit on a nosuid bind is ignored");
+    assert!(read("grouponly").contains("nosuid"), "{}", read("grouponly"));
     // A reserved variable is refused before anything starts.
     fs::write(d.join("env"), "PATH=/evil\n").unwrap();
     let o = h.start("ctl", &session("r"), &["--wait"], &["/bin/true"]).output().unwrap();

@@ -76,6 +76,9 @@ pub struct Contract {
     pub storage: Option<PathBuf>,
     /// The host's /ctx mount.
     pub ctx: PathBuf,
+    /// What the run starts without, and why (each one a `run.warning` event in the session).
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 fn invalid(msg: impl Into<String>) -> Error {
@@ -228,15 +231,19 @@ pub fn derive(s: &Start) -> Result<Contract> {
         object: "default",
         permission: Permission::Connect,
     });
-    if granted {
-        network_ready(uid).map_err(|why| {
-            Error::Unavailable(format!(
-                "agent {}: its policy grants network:default connect, but {why}",
-                s.agent
-            ))
-        })?;
-    }
-    let network = granted;
+    // A grant the host cannot serve (no pasta, no usable /dev/net/tun) starts the run without
+    // a network, and the session says why.
+    let mut warnings = Vec::new();
+    let network = match granted.then(|| network_ready(uid)) {
+        Some(Err(why)) => {
+            warnings.push(format!(
+                "its policy grants network:default connect, but {why}: the run has no network"
+            ));
+            false
+        }
+        Some(Ok(())) => true,
+        None => false,
+    };
     // Mounts: the agent's own table, then the operator's --mount; each one authorized by the
     // agent's policy (`mount:TARGET read`, and `write` for rw), or nothing starts.
     let table = read_control(&s.ctx, &s.agent, "mount").unwrap_or_default();
@@ -405,6 +412,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
             .ok()
             .and_then(|t| policy::status::field(&t, "storage").map(PathBuf::from)),
         ctx: s.ctx.clone(),
+        warnings,
     })
 }
 

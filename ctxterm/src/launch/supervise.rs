@@ -38,6 +38,14 @@ fn spawn(s: &Start) -> Result<(Contract, std::process::Child)> {
     // The session, in the agent's home, owned by the agent.
     let cwd = if c.workspace.is_some() { "/workspace" } else { "/" };
     session::prepare(&s.ctx, c.uid, c.gid, c.session_owner(), &c.session, cwd)?;
+    for w in &c.warnings {
+        eprintln!("ctx: warning: agent {}: {w}", c.agent);
+        let dir = runtime::session_dir(&s.ctx, c.uid, c.session_owner(), &c.session);
+        let event = json!({"ts": session::timestamp(), "type": "run.warning", "agent": c.agent,
+            "session": c.session, "reason": w});
+        session::append_event(&dir, &event)
+            .map_err(|source| Error::Session { path: dir.join("events.jsonl"), source })?;
+    }
     view::call(
         &c.control,
         &ControlRequest::Create {
