@@ -412,15 +412,15 @@ impl Queue {
 
     fn read_lease(&self, job: &str) -> Result<Option<LeaseRecord>> {
         let p = self.path(LEASE, job).join("worker");
-        let mut s = String::new();
+        let mut s = Vec::new();
         match File::open(&p) {
             // A lease record is a few dozen bytes; anything longer is not one.
-            Ok(f) => f.take(4096).read_to_string(&mut s).map_err(|e| Error::io("read", &p, e))?,
+            Ok(f) => f.take(4096).read_to_end(&mut s).map_err(|e| Error::io("read", &p, e))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(Error::io("open", &p, e)),
         };
-        // A lease torn by a crash while it was written is as good as none.
-        Ok(serde_json::from_str(&s).ok())
+        // A lease torn by a crash while it was written (any bytes at all) is as good as none.
+        Ok(serde_json::from_slice(&s).ok())
     }
 
     /// Reads a claimed job's request.
