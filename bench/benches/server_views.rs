@@ -51,8 +51,13 @@ fn main() {
     for i in 0..n {
         let p = dir.path().join(format!("v{i}"));
         std::fs::create_dir(&p).expect("view dir");
-        let spec =
-            ViewSpec { agent: "coder".into(), session: format!("s{i}"), workspace: None, session_of: None };
+        let spec = ViewSpec {
+            agent: "coder".into(),
+            session: format!("s{i}"),
+            workspace: None,
+            session_of: None,
+            records_only: false,
+        };
         let fs = CtxFs::new(Config { view: Some(spec), ..config.clone() }).expect("fs");
         views.push((pool.mount(Arc::new(fs), &p).expect("mount view"), p));
     }

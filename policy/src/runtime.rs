@@ -79,6 +79,10 @@ pub enum ControlRequest {
         /// The workspace's path inside the sandbox.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         workspace: Option<String>,
+        /// A view that is read-only but for the run's records: appends to session and object
+        /// logs, and the run's own session directory (the command-less tsh path).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        records_only: bool,
     },
     /// The views being served.
     Ls {},
@@ -152,7 +156,8 @@ mod tests {
                 session: "s".into(),
                 path: None,
                 session_of: None,
-                workspace: None
+                workspace: None,
+                records_only: false
             })
         );
         assert_eq!(ControlRequest::parse(br#"{"op":"ls"}"#), Ok(ControlRequest::Ls {}));

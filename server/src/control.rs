@@ -107,6 +107,7 @@ impl Views {
         path: Option<&str>,
         workspace: Option<&str>,
         session_of: Option<&str>,
+        records_only: bool,
     ) -> Result<PathBuf, String> {
         policy::name::validate(agent).map_err(|e| format!("invalid agent name {agent:?}: {e}"))?;
         policy::name::validate(session).map_err(|e| format!("invalid session name {session:?}: {e}"))?;
@@ -156,6 +157,7 @@ impl Views {
             session: session.to_owned(),
             workspace,
             session_of: session_of.map(str::to_owned),
+            records_only,
         };
         let mut fs = CtxFs::new(Config { view: Some(spec.clone()), ..self.base.clone() })
             .map_err(|e| format!("opening storage: {e}"))?;
@@ -211,8 +213,15 @@ impl Views {
 
     fn handle(&self, req: ControlRequest) -> ControlReply {
         let r = match req {
-            ControlRequest::Create { agent, session, path, workspace, session_of } => self
-                .create(&agent, &session, path.as_deref(), workspace.as_deref(), session_of.as_deref())
+            ControlRequest::Create { agent, session, path, workspace, session_of, records_only } => self
+                .create(
+                    &agent,
+                    &session,
+                    path.as_deref(),
+                    workspace.as_deref(),
+                    session_of.as_deref(),
+                    records_only,
+                )
                 .map(|p| ControlReply {
                     ok: true,
                     path: Some(p.display().to_string()),

@@ -654,6 +654,17 @@ impl CtxFs {
             _ => {}
         }
         let n: Vec<&str> = rel.iter().filter_map(|c| c.to_str()).collect();
+        if a.spec().records_only {
+            // Read-only but for the run's records: the logs (append-only, whoever's), and
+            // the run's own session.
+            let spec = a.spec();
+            let owner = spec.session_of.as_deref().unwrap_or(&spec.agent);
+            let own_session = matches!(n.as_slice(),
+                ["home", _, "agent", o, "session", s, ..] if *o == owner && *s == spec.session);
+            if !own_session && !matches!(classify(rel), Some(Area::SessionLog | Area::ObjectLog)) {
+                return Err(err(libc::EROFS));
+            }
+        }
         match n.as_slice() {
             // Another agent's session or directory, visible through a read grant.
             ["home", _, "agent", other, "session", s, _, ..]
@@ -729,6 +740,7 @@ impl CtxFs {
                 if let Some(o) = &a.spec().session_of {
                     s.push_str(&format!("session_of {o}\n"));
                 }
+                s.push_str(if a.spec().records_only { "ctx records\n" } else { "ctx read-write\n" });
             }
         }
         s.push_str(&format!("requests {total}\n"));

@@ -269,6 +269,65 @@ fn a_network_grant_the_host_cannot_serve_starts_without_a_network_and_says_so() 
 }
 
 #[test]
+fn the_tsh_path_sees_a_read_only_ctx_and_a_command_of_its_own_a_writable_one() {
+    let w = World::new();
+    let policy = w.s.storage.join("agent/coder.d/policy");
+    let mut p = fs::read_to_string(&policy).unwrap();
+    p.push_str("allow coder_t tool:shell.exec execute\n");
+    fs::write(&policy, p).unwrap();
+    fs::write(w.s.storage.join("tool/shell.exec.d/policy"), "allow coder_t tool:shell.exec execute\n")
+        .unwrap();
+    // The command-less tsh path: what tsh runs cannot change /ctx, but the run's records land.
+    let s = session("ro");
+    let own = format!("/ctx/home/1000/agent/coder/session/{s}");
+    fs::write(
+        w.work.join("probe.sh"),
+        format!(
+            "cat /ctx/status > /workspace/status; touch /ctx/home/1000/made 2> /workspace/err; echo $? > /workspace/rc; \
+             echo note > {own}/note.md; echo $? > /workspace/own; touch /workspace/done\n"
+        ),
+    )
+    .unwrap();
+    let out = w.start(&s, &[], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let sent = Command::new(tests::bin("ctx"))
+        .args(["agent", "send", "coder", "--session", &s, "shell.exec /bin/sh /workspace/probe.sh"])
+        .output()
+        .unwrap();
+    assert!(sent.status.success(), "{}", text(&sent));
+    let t = Instant::now();
+    while !w.work.join("done").exists() && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let read = |f: &str| fs::read_to_string(w.work.join(f)).unwrap_or_default();
+    assert!(read("status").lines().any(|l| l == "ctx records"), "{}", read("status"));
+    assert_ne!(read("rc").trim(), "0", "a write outside the run's records is refused");
+    assert!(read("err").contains("Read-only file system"), "{}", read("err"));
+    assert!(!w.s.storage.join("home/1000/made").exists());
+    assert_eq!(read("own"), "0\n", "the run's own session is its to write");
+    let t = Instant::now();
+    let events = w.s.storage.join(format!("home/1000/agent/coder/session/{s}/events.jsonl"));
+    while !fs::read_to_string(&events).unwrap_or_default().contains("shell.exec")
+        && t.elapsed() < Duration::from_secs(10)
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(fs::read_to_string(&events).unwrap().contains("\"tool.call\""), "tsh records its calls");
+    let stop =
+        Command::new(tests::bin("ctx")).args(["agent", "stop", "coder", "--session", &s]).output().unwrap();
+    assert!(stop.status.success(), "{}", text(&stop));
+    // A command of its own: the view is checked and writable.
+    let out = w.start(
+        &session("rw"),
+        &["--wait"],
+        &["/bin/sh", "-c", "grep '^ctx ' /ctx/status > /workspace/status2 && touch /ctx/home/1000/made"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(read("status2"), "ctx read-write\n");
+    assert!(w.s.storage.join("home/1000/made").exists());
+}
+
+#[test]
 fn hosted_cli_profiles_run_in_the_sandbox_without_network() {
     let w = World::new();
     for (profile, want) in [("codex", "codex-cli 0.171.0"), ("claude", "2.1.332 (Claude Code)")] {

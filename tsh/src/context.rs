@@ -163,9 +163,12 @@ impl Context {
 
     /// The file that keeps this context's pins and loads between tsh processes.
     pub fn state_file(&self) -> PathBuf {
-        let key =
-            self.agent.as_ref().map_or_else(|| "human".to_owned(), |a| format!("{}.{}", a.name, a.session));
-        self.home.join(".tsh").join(format!("{key}.json"))
+        match self.session_dir() {
+            // In an agent terminal: the session's own (the one place of /ctx, but for the
+            // logs, that the command-less tsh path may write).
+            Some(d) => d.join("tsh.json"),
+            None => self.home.join(".tsh").join("human.json"),
+        }
     }
 }
 

@@ -1,8 +1,8 @@
 //! tsh's commands: the built-ins and tool runs, one line at a time.
 //!
-//! The working set (`load`, `pin`) is kept between tsh processes in `CTX_HOME/.tsh/<key>.json`
-//! (`<agent>.<session>` in an agent terminal, `human` otherwise), replaced atomically; agent CLIs
-//! run `tsh load X` and `tsh X ...` as separate processes and expect it to stay.
+//! The working set (`load`, `pin`) is kept between tsh processes in the session's `tsh.json` in
+//! an agent terminal (`CTX_HOME/.tsh/human.json` otherwise), replaced atomically; agent CLIs run
+//! `tsh load X` and `tsh X ...` as separate processes and expect it to stay.
 
 use std::ffi::OsString;
 use std::io::Write;

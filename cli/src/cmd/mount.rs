@@ -96,6 +96,7 @@ fn run_virtiofs(a: &Args, socket: &Path) -> anyhow::Result<()> {
                 session: session.clone(),
                 workspace: None,
                 session_of: None,
+                records_only: false,
             })
         }
         _ => None,

@@ -57,8 +57,17 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Create { agent, session, path, workspace, control } => {
             let shown = |p: Option<PathBuf>| p.map(|p| p.display().to_string());
             let (path, workspace) = (shown(path), shown(workspace));
-            let r =
-                call(&control, ControlRequest::Create { agent, session, path, session_of: None, workspace })?;
+            let r = call(
+                &control,
+                ControlRequest::Create {
+                    agent,
+                    session,
+                    path,
+                    session_of: None,
+                    workspace,
+                    records_only: false,
+                },
+            )?;
             out::line(r.path.unwrap_or_default())
         }
         Cmd::Ls { json, control } => {

@@ -76,6 +76,10 @@ pub struct Contract {
     pub storage: Option<PathBuf>,
     /// The host's /ctx mount.
     pub ctx: PathBuf,
+    /// The command-less tsh path: the view is read-only but for the run's records. A command
+    /// of its own gets a writable one, once it is seen to be a read-write CortexFS mount.
+    #[serde(default)]
+    pub records_only: bool,
     /// What the run starts without, and why (each one a `run.warning` event in the session).
     #[serde(default)]
     pub warnings: Vec<String>,
@@ -412,6 +416,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
             .ok()
             .and_then(|t| policy::status::field(&t, "storage").map(PathBuf::from)),
         ctx: s.ctx.clone(),
+        records_only: s.cmd.is_empty() && s.profile.as_deref().is_none_or(|p| p == "tsh"),
         warnings,
     })
 }

@@ -55,8 +55,17 @@ fn spawn(s: &Start) -> Result<(Contract, std::process::Child)> {
             session_of: c.session_of.clone(),
             // What the run's tools may touch comes from here, never from the agent's environment.
             workspace: c.workspace.as_ref().map(|_| "/workspace".to_owned()),
+            records_only: c.records_only,
         },
     )?;
+    // A command of its own gets a writable /ctx only once the view is seen to be one: a
+    // read-write CortexFS FUSE mount whose daemon says so, for this run.
+    if !c.records_only
+        && let Err(why) = view::writable(&c.view, &c.agent, &c.session)
+    {
+        view::remove(&c.control, &c.view);
+        return Err(Error::Unavailable(format!("the view at {}: {why}", c.view.display())));
+    }
     // Run state is root's: the contract names the command line, which other users have no
     // business reading; it goes when the run ends.
     let contract_file = rundir::write_contract(&c)?;

@@ -42,6 +42,33 @@ pub fn answers(path: &Path) -> bool {
     rustix::fs::statfs(path).is_ok_and(|st| st.f_type == FUSE_SUPER_MAGIC)
 }
 
+/// Checks that the view at `path` is writable for the run of `agent` and `session`: a FUSE
+/// mount, not read-only, whose daemon answers (its `status`) that it is that run's view and
+/// read-write.
+pub fn writable(path: &Path, agent: &str, session: &str) -> std::result::Result<(), String> {
+    const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+    let st = rustix::fs::statfs(path).map_err(|e| format!("statfs: {e}"))?;
+    if st.f_type != FUSE_SUPER_MAGIC {
+        return Err(format!("not a FUSE mount (filesystem type {:#x})", st.f_type));
+    }
+    let vst = rustix::fs::statvfs(path).map_err(|e| format!("statvfs: {e}"))?;
+    if vst.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY) {
+        return Err("mounted read-only".into());
+    }
+    let mut status = String::new();
+    std::fs::File::open(path.join("status"))
+        .and_then(|f| f.take(64 * 1024).read_to_string(&mut status))
+        .map_err(|e| format!("its daemon does not answer: status: {e}"))?;
+    let view = format!("agent {agent} session {session}");
+    if policy::status::field(&status, "view") != Some(view.as_str()) {
+        return Err(format!("its daemon says it is not the view of {view}"));
+    }
+    if policy::status::field(&status, "ctx") != Some("read-write") {
+        return Err("its daemon does not say it is read-write".into());
+    }
+    Ok(())
+}
+
 /// Asks the daemon to remove the view at `path`; detaches it when its daemon is gone, and
 /// removes its directory.
 pub fn remove(control: &Path, path: &Path) {
