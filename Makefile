@@ -24,6 +24,7 @@ test:
 	@CARGO="$(CARGO)" scripts/install-test-tools
 	$(CARGO) fmt --all -- --check
 	@CARGO="$(CARGO)" scripts/layers
+	$(CARGO) deny --offline --log-level error check bans licenses sources
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --quiet
 	$(CARGO) check --manifest-path fuzz/Cargo.toml --quiet
