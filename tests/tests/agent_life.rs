@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used)] // tests fail loudly by design
 //! The agent lifecycle tools from inside real sandboxes: `agent.create` only narrows,
 //! `agent.update` touches only the caller's two self-updatable controls, owned children are
 //! recorded and cancelled with their parent, `ctx agent wait` reports how each ended.
@@ -23,38 +22,38 @@ fn agents_create_narrower_children_update_themselves_and_own_their_children() {
     let st = s.storage.to_str().unwrap().to_owned();
     assert!(ctx(&["bootstrap", &st]).status.success());
     let tools = ["agent.create", "agent.start", "agent.stop", "agent.update", "fs.stat"];
-    let mut args = vec!["agent", "new", "boss", "--uid", "1000", "--gid", "1000", "--source", &st];
+    let mut args = vec!["agent", "new", "chief", "--uid", "1000", "--gid", "1000", "--source", &st];
     for t in &tools {
         args.extend(["--tool", t]);
     }
     let out = ctx(&args);
     assert!(out.status.success(), "{}", text(&out));
-    let policy = s.storage.join("agent/boss.d/policy");
+    let policy = s.storage.join("agent/chief.d/policy");
     let mut p = fs::read_to_string(&policy).unwrap();
     for perm in ["create", "start", "stop"] {
-        p.push_str(&format!("allow boss_t agent:worker {perm}\n"));
+        p.push_str(&format!("allow chief_t agent:worker {perm}\n"));
     }
-    p.push_str("allow boss_t agent:wide create\nallow boss_t agent:twin create\n");
+    p.push_str("allow chief_t agent:wide create\nallow chief_t agent:twin create\n");
     fs::write(&policy, p).unwrap();
     for t in tools {
-        fs::write(s.storage.join(format!("tool/{t}.d/policy")), format!("allow boss_t tool:{t} execute\n"))
+        fs::write(s.storage.join(format!("tool/{t}.d/policy")), format!("allow chief_t tool:{t} execute\n"))
             .unwrap();
     }
     let work = s.dir.path().join("work");
     fs::create_dir_all(&work).unwrap();
     rustix::fs::chown(&work, Some(rustix::fs::Uid::from_raw(1000)), Some(rustix::fs::Gid::from_raw(1000)))
         .unwrap();
-    let session = format!("b{}", std::process::id());
-    let child_status = format!("/ctx/home/1000/agent/boss/session/{session}/context/child");
+    let session = tests::unique("b");
+    let child_status = format!("/ctx/home/1000/agent/chief/session/{session}/context/child");
     let script = format!(
         r#"cd /workspace
 t() {{ /ctx/bin/tsh "$@"; echo "$?" >> /workspace/codes; }}
 t agent.create '{{"name":"worker","tools":["fs.stat"]}}' > narrow.out 2>&1
 t agent.create '{{"name":"wide","tools":["shell.exec"],"mounts":[["/etc","/x","rw"]]}}' > wide.out 2>&1
 t agent.create other > other.out 2>&1
-t agent.create '{{"name":"twin","label":"boss_t"}}' > label.out 2>&1
-echo "I am the boss now" | t agent.update system.md > upd.out 2>&1
-t agent.update '{{"control":"policy","content":"allow boss_t agent:x create"}}' > upd-policy.out 2>&1
+t agent.create '{{"name":"twin","label":"chief_t"}}' > label.out 2>&1
+echo "I am the chief now" | t agent.update system.md > upd.out 2>&1
+t agent.update '{{"control":"policy","content":"allow chief_t agent:x create"}}' > upd-policy.out 2>&1
 head -c 8193 /dev/zero | tr '\0' a | t agent.update prompt.template.md > upd-big.out 2>&1
 python3 -c 'import socket,json
 s=socket.socket(socket.AF_UNIX); s.connect("/run/cortexfs/receipt/main.sock")
@@ -64,7 +63,7 @@ python3 -c 'import socket,json
 s=socket.socket(socket.AF_UNIX); s.connect("/run/cortexfs/receipt/main.sock")
 s.sendall(json.dumps({{"op":"agent.start","input":{{"name":"worker","session":"../../../../tool"}}}}).encode()+b"\n")
 print(s.makefile().readline())' > raw-session.out 2>&1
-sh -c 'echo x > /ctx/agent/boss.d/system.md' 2> direct.out; echo "$?" >> /workspace/codes
+sh -c 'echo x > /ctx/agent/chief.d/system.md' 2> direct.out; echo "$?" >> /workspace/codes
 t agent.start '{{"name":"worker","session":"ok","cmd":["/bin/sleep","0.5"]}}' > s1.out 2>&1
 t agent.start '{{"name":"worker","session":"bad","cmd":["/bin/sh","-c","sleep 0.5; exit 3"]}}' > s2.out 2>&1
 for i in $(seq 100); do
@@ -76,7 +75,7 @@ t agent.start '{{"name":"worker","session":"long","handoff":"count sheep","cmd":
 "#
     );
     let out = Command::new(tests::bin("ctx"))
-        .args(["agent", "start", "boss", "--session", &session, "--wait", "--ctx"])
+        .args(["agent", "start", "chief", "--session", &session, "--wait", "--ctx"])
         .arg(&s.mnt)
         .arg("--control")
         .arg(&s.control)
@@ -97,7 +96,7 @@ t agent.start '{{"name":"worker","session":"long","handoff":"count sheep","cmd":
 
     // agent.create: a narrower child exists, with its parent; each widening has its reason.
     assert!(s.storage.join("agent/worker").exists());
-    assert_eq!(fs::read_to_string(s.storage.join("agent/worker.d/parent")).unwrap(), "boss\n");
+    assert_eq!(fs::read_to_string(s.storage.join("agent/worker.d/parent")).unwrap(), "chief\n");
     let wide = read("wide.out");
     assert!(wide.contains("the parent does not hold tool:shell.exec execute"), "{wide}");
     assert!(wide.contains("not inside any parent mount"), "{wide}");
@@ -106,13 +105,16 @@ t agent.start '{{"name":"worker","session":"long","handoff":"count sheep","cmd":
     assert!(read("label.out").contains("a label belongs to one agent"), "{}", read("label.out"));
 
     // agent.update: its own system.md only, at most 8 KiB, never as another agent.
-    assert_eq!(fs::read_to_string(s.storage.join("agent/boss.d/system.md")).unwrap(), "I am the boss now\n");
+    assert_eq!(
+        fs::read_to_string(s.storage.join("agent/chief.d/system.md")).unwrap(),
+        "I am the chief now\n"
+    );
     assert!(read("raw.out").contains("EINVAL"), "{}", read("raw.out"));
     assert!(read("raw-session.out").contains("EINVAL: session"), "{}", read("raw-session.out"));
     assert!(read("direct.out").contains("Permission denied"), "{}", read("direct.out"));
     assert_ne!(fs::read_to_string(s.storage.join("agent/worker.d/system.md")).unwrap(), "x");
     let events =
-        fs::read_to_string(s.storage.join(format!("home/1000/agent/boss/session/{session}/events.jsonl")))
+        fs::read_to_string(s.storage.join(format!("home/1000/agent/chief/session/{session}/events.jsonl")))
             .unwrap();
     assert!(
         events.contains("\"type\":\"tool_call\"") && events.contains("\"type\":\"tool_result\""),
@@ -122,18 +124,18 @@ t agent.start '{{"name":"worker","session":"long","handoff":"count sheep","cmd":
 
     // Children: recorded, and the running one cancelled with its parent, history kept.
     let m = s.mnt.to_str().unwrap();
-    let list = ctx(&["agent", "children", "boss", "--session", &session, "--ctx", m]);
+    let list = ctx(&["agent", "children", "chief", "--session", &session, "--ctx", m]);
     let list = String::from_utf8_lossy(&list.stdout).into_owned();
     assert!(list.contains("worker.ok\tworker\tok\tdone"), "{list}");
     assert!(list.contains("worker.bad\tworker\tbad\terror"), "{list}");
     assert!(list.contains("worker.long\tworker\tlong\tcancelled"), "{list}");
-    let wait = |c: &str| ctx(&["agent", "wait", "boss", c, "--session", &session, "--ctx", m]).status.code();
+    let wait = |c: &str| ctx(&["agent", "wait", "chief", c, "--session", &session, "--ctx", m]).status.code();
     assert_eq!((wait("worker.ok"), wait("worker.bad"), wait("worker.long")), (Some(0), Some(1), Some(130)));
     let left = Command::new("pgrep").args(["-f", "sleep 1000"]).output().unwrap();
     assert!(left.stdout.is_empty(), "the cancelled child left nothing: {}", text(&left));
     let child_session = s.storage.join("home/1000/agent/worker/session/long");
     assert!(Path::new(&child_session).join("state").exists(), "the child's history stays");
-    let rec = s.storage.join(format!("home/1000/agent/boss/session/{session}/context/child/worker.long"));
+    let rec = s.storage.join(format!("home/1000/agent/chief/session/{session}/context/child/worker.long"));
     assert_eq!(fs::read_to_string(rec.join("handoff.md")).unwrap(), "count sheep");
     for f in ["agent", "session", "status", "result.md", "refs.jsonl"] {
         assert!(rec.join(f).exists(), "{f}");
@@ -170,7 +172,7 @@ print(s.makefile().readline())' > /workspace/plain.raw",
     assert!(read("plain.raw").contains("\"code\":13"), "{}", read("plain.raw"));
     assert_ne!(fs::read_to_string(s.storage.join("agent/plain.d/system.md")).unwrap(), "x");
     let state =
-        fs::read_to_string(s.storage.join(format!("home/1000/agent/boss/session/{session}/state"))).unwrap();
+        fs::read_to_string(s.storage.join(format!("home/1000/agent/chief/session/{session}/state"))).unwrap();
     assert_eq!(state, "done\n");
 }
 

@@ -1,7 +1,5 @@
 //! `ctx agent new|ls|inspect|rm` as users run them, on plain storage (no mount needed).
 
-#![allow(clippy::unwrap_used)] // tests fail loudly by design
-
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used)] // tests fail loudly by design
 //! `ctx agent start|stop|ps` and the terminal socket, with real bubblewrap sandboxes: checked
 //! from inside (identity, environment, /workspace, /ctx as the agent's view, host files, no
 //! network), exit status, stop, and watch/attach with two clients at once.
@@ -34,7 +33,7 @@ impl World {
         ctx(&[
             "agent", "new", "coder", "--tool", "fs.stat", "--uid", "1000", "--gid", "1000", "--source", &st,
         ]);
-        ctx(&["agent", "new", "other", "--uid", "2000", "--gid", "2000", "--source", &st]);
+        ctx(&["agent", "new", "outsider", "--uid", "2000", "--gid", "2000", "--source", &st]);
         fs::write(s.storage.join("tool/fs.stat.d/policy"), "allow coder_t tool:fs.stat execute\n").unwrap();
         fs::create_dir_all(s.storage.join("home/2000")).unwrap();
         let work = s.dir.path().join("work");
@@ -67,7 +66,8 @@ impl World {
 }
 
 fn session(tag: &str) -> String {
-    format!("{tag}{}", std::process::id())
+    // Runs are host-wide: the module's letter keeps its sessions apart from other modules'.
+    format!("{tag}{}s", std::process::id())
 }
 
 #[test]

@@ -1,8 +1,6 @@
 //! Faults surface as clear errors and lose nothing: a full filesystem (ENOSPC), a read-only one
 //! (EROFS), and a user without permission (EACCES). Uses real mounts (tmpfs) as root.
 
-#![allow(clippy::unwrap_used)] // tests fail loudly by design
-
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -27,8 +27,6 @@
 //! broken one. Each test prints how many cut points it covered and how long it took. They need
 //! FUSE and root; without /dev/fuse they fail (they never skip).
 
-#![allow(clippy::unwrap_used)] // tests fail loudly by design
-
 use std::collections::HashSet;
 use std::fs::{self, OpenOptions};
 use std::io::{ErrorKind, Write};

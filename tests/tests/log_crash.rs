@@ -6,8 +6,6 @@
 //!     garbled at random bytes; recovery returns exactly the acknowledged prefix. A flipped bit
 //!     inside acknowledged data is reported as damage.
 
-#![allow(clippy::unwrap_used)] // tests fail loudly by design
-
 use std::collections::HashSet;
 use std::fs;
 use std::path::Path;

@@ -17,8 +17,6 @@
 //!
 //! These tests need FUSE and root; without /dev/fuse they fail (they never skip).
 
-#![allow(clippy::unwrap_used)] // tests fail loudly by design
-
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Write};

@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used)] // tests fail loudly by design
 //! Many agents on one daemon, each in its own sandbox: appends from many connections to one
 //! log, control writes that fail part way, a full disk, and what an agent's view lets it change
 //! of its own authority.
@@ -25,7 +24,8 @@ fn ok(args: &[&str]) {
 }
 
 fn session(tag: &str) -> String {
-    format!("{tag}{}", std::process::id())
+    // Runs are host-wide: the module's letter keeps its sessions apart from other modules'.
+    format!("{tag}{}m", std::process::id())
 }
 
 /// A daemon with the core tools and a workspace anyone may read.
@@ -312,22 +312,22 @@ fn a_full_disk_reaches_the_writer_as_enospc_and_appends_work_again() {
 #[test]
 fn an_agent_running_as_root_cannot_change_its_own_controls_through_its_view() {
     let h = Host::new();
-    h.agent("boss", 0, &["--tool", "fs.read"]);
-    let controls = h.s.storage.join("agent/boss.d");
+    h.agent("rootboss", 0, &["--tool", "fs.read"]);
+    let controls = h.s.storage.join("agent/rootboss.d");
     let before: Vec<(String, Vec<u8>)> = ["policy", "uid", "label", "mount", "system.md"]
         .iter()
         .map(|c| ((*c).to_owned(), fs::read(controls.join(c)).unwrap_or_default()))
         .collect();
-    let script = "d=/ctx/agent/boss.d; r=''; \
-        echo 'allow boss_t tool:fs.write execute' >> $d/policy && r=\"$r policy-append\"; \
-        echo 'allow boss_t tool:fs.write execute' > $d/policy && r=\"$r policy-write\"; \
+    let script = "d=/ctx/agent/rootboss.d; r=''; \
+        echo 'allow rootboss_t tool:fs.write execute' >> $d/policy && r=\"$r policy-append\"; \
+        echo 'allow rootboss_t tool:fs.write execute' > $d/policy && r=\"$r policy-write\"; \
         echo 0 > $d/uid && r=\"$r uid\"; echo root_t > $d/label && r=\"$r label\"; \
         echo '/ /host rw' > $d/mount && r=\"$r mount\"; echo hi > $d/system.md && r=\"$r system\"; \
         chmod 666 $d/policy && r=\"$r chmod\"; touch $d/cwd 2>/dev/null && r=\"$r create\"; \
         mv $d/policy $d/policy.old && r=\"$r rename\"; rm -f $d/label && r=\"$r unlink\"; \
         mkdir $d/hooks/pre.d/x 2>/dev/null && r=\"$r mkdir\"; \
         echo \"$r\" > /workspace/changed";
-    let o = h.start("boss", &session("r"), &["--wait"], &["/bin/sh", "-c", script]).output().unwrap();
+    let o = h.start("rootboss", &session("r"), &["--wait"], &["/bin/sh", "-c", script]).output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(fs::read_to_string(h.work.join("changed")).unwrap().trim(), "", "nothing was changed");
     for (c, old) in before {

@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used)] // tests fail loudly by design
 //! ctxmcp against real MCP servers installed from npm (scripts/install-test-tools):
 //! `@modelcontextprotocol/server-filesystem` listed, projected, installed with `ctx object
 //! install` and called through tsh in an agent view; `@modelcontextprotocol/server-everything`

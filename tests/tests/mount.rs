@@ -2,8 +2,6 @@
 //! group commit, POSIX data in home/, extended attributes, refusals as root and as `nobody`,
 //! clean stop on SIGTERM and recovery of a dead mount.
 
-#![allow(clippy::unwrap_used)] // tests fail loudly by design
-
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -322,7 +320,7 @@ fn agent_views_show_only_what_the_agent_may_use() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("No such file"), "{out:?}");
 
     // Default view paths live under /run/cortexfs/view, which only root may walk.
-    let session = format!("t{}", std::process::id());
+    let session = tests::unique("t");
     let out = ctx(&["view", "create", "--agent", "coder", "--session", &session, "--control", control]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let default_path = String::from_utf8_lossy(&out.stdout).trim().to_owned();

@@ -1,8 +1,6 @@
 //! `ctx object install|replace|rollback|uninstall|inspect` as users run them, and (e): installs
 //! killed at random moments leave the name either absent or complete and valid, never half.
 
-#![allow(clippy::unwrap_used)] // tests fail loudly by design
-
 use std::fs;
 use std::path::Path;
 use std::process::Command;

@@ -1,7 +1,5 @@
 //! `ctx policy`, `ctx object check` and `ctx validate-name` as users run them.
 
-#![allow(clippy::unwrap_used)] // tests fail loudly by design
-
 use std::fs;
 
 use tests::run;

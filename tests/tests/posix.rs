@@ -4,8 +4,6 @@
 //! over directories, readdir during creates, large sparse files, and regressions of bugs the
 //! suites found.
 
-#![allow(clippy::unwrap_used)] // tests fail loudly by design
-
 use std::collections::{BTreeMap, HashSet};
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};

@@ -3,8 +3,6 @@
 //! lease (SIGSTOP, recover, SIGCONT). No job lost, none committed twice, every result beside its
 //! request, nothing left in pending/ or claimed/.
 
-#![allow(clippy::unwrap_used)] // tests fail loudly by design
-
 use std::fs;
 use std::io::Read;
 use std::path::Path;

@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used)] // tests fail loudly by design
 //! tsh through a real mount and a real agent view: resolution, the agent terminal context, both
 //! policies, hooks, the durable `tool.call` records, native mode, `ctx bootstrap` and `ctx tool`.
 

@@ -3,8 +3,6 @@
 //! portable twin works. The sysctl is set to 1 (rings only for privileged processes) for the
 //! test's duration, so that only the unprivileged child is affected, then restored.
 
-#![allow(clippy::unwrap_used)] // tests fail loudly by design
-
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;

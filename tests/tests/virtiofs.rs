@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used)] // tests fail loudly by design
 //! `ctx mount --virtiofs` against a real guest: QEMU (software emulation) boots the host's
 //! Debian cloud kernel with a busybox initramfs whose script mounts the daemons' sockets as
 //! virtio-fs and reports on the serial console. Checked from inside the guest: the root

@@ -3,7 +3,7 @@
 //! [`seccomp`](super::seccomp) filter on descriptor 3, and `bwrap` with the binds and the
 //! environment of the contract, running `ctxterm` on the terminal socket.
 //!
-//! Binds bwrap cannot flag are prepared first in the run directory ([`binds`](super::binds)):
+//! Binds bwrap cannot flag are prepared first in the run directory ([`binds`]):
 //! the operator's workspace through an idmapped mount when the agent has an identity of its
 //! own, and each bind of the mount table with its `nosuid`, `nodev`, `noexec` and read-only
 //! flags. [`release`] undoes them.
