@@ -44,9 +44,14 @@ pub(crate) const CREATE: Tool = Tool {
     "name": {"type": "string"},
     "label": {"type": "string"},
     "tools": {"type": "array", "items": {"type": "string"}},
-    "models": {"type": "array", "items": {"type": "string"}},
-    "shared": {"type": "array", "items": {"type": "string", "description": "NAME:read or NAME:write"}},
-    "mounts": {"type": "array", "items": {"type": "array", "items": {"type": "string"}, "minItems": 3, "maxItems": 3}},
+    "model": {"type": "array", "items": {"type": "string"}, "description": "models granted; the first is the child's model"},
+    "models": {"type": "array", "items": {"type": "string"}, "description": "another spelling of model"},
+    "shared": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "string", "enum": ["read", "write"]}},
+               "description": "{\"NAME\": [\"read\"]} or [\"read\", \"write\"]; a list [\"NAME:read\", \"NAME:write\"] also"},
+    "mount": {"type": "array", "items": {"type": "array", "items": {"type": "string"}, "minItems": 3, "maxItems": 3},
+              "description": "[source, target, ro|rw] each"},
+    "mounts": {"type": "array", "items": {"type": "array", "items": {"type": "string"}, "minItems": 3, "maxItems": 3},
+               "description": "another spelling of mount"},
     "groups": {"type": "array", "items": {"type": "integer", "minimum": 0}}
   },
   "required": ["name"],
@@ -134,10 +139,17 @@ pub(crate) struct CreateInput {
     label: Option<String>,
     #[serde(default, deserialize_with = "non_null", skip_serializing_if = "Option::is_none")]
     tools: Option<Vec<String>>,
+    // The seed's spelling (`model`, `mount`, `shared` as a map) and this project's earlier one
+    // (`models`, `mounts`, `shared` as a list) alike: the receipt server takes either
+    // (policy::receipt::Create) and refuses both at once.
+    #[serde(default, deserialize_with = "non_null", skip_serializing_if = "Option::is_none")]
+    model: Option<Vec<String>>,
     #[serde(default, deserialize_with = "non_null", skip_serializing_if = "Option::is_none")]
     models: Option<Vec<String>>,
     #[serde(default, deserialize_with = "non_null", skip_serializing_if = "Option::is_none")]
-    shared: Option<Vec<String>>,
+    shared: Option<policy::receipt::SharedGrants>,
+    #[serde(default, deserialize_with = "non_null", skip_serializing_if = "Option::is_none")]
+    mount: Option<Vec<[String; 3]>>,
     #[serde(default, deserialize_with = "non_null", skip_serializing_if = "Option::is_none")]
     mounts: Option<Vec<[String; 3]>>,
     #[serde(default, deserialize_with = "non_null", skip_serializing_if = "Option::is_none")]
@@ -209,8 +221,10 @@ fn create(input: Input) -> Result<i32> {
             name: name_only(other, CREATE.usage)?,
             label: None,
             tools: None,
+            model: None,
             models: None,
             shared: None,
+            mount: None,
             mounts: None,
             groups: None,
         },

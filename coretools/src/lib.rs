@@ -259,14 +259,13 @@ mod tests {
                 let n = schema.get("minItems").and_then(Value::as_u64).unwrap_or(1);
                 Value::Array((0..n).map(|_| example(&schema["items"])).collect())
             }
-            "object" => Value::Object(
-                schema["properties"]
-                    .as_object()
-                    .unwrap()
-                    .iter()
-                    .map(|(k, v)| (k.clone(), example(v)))
-                    .collect(),
-            ),
+            "object" => match schema.get("properties") {
+                Some(p) => Value::Object(
+                    p.as_object().unwrap().iter().map(|(k, v)| (k.clone(), example(v))).collect(),
+                ),
+                // A map: one entry of its values' kind.
+                None => json!({"x": example(&schema["additionalProperties"])}),
+            },
             other => panic!("no example for type {other}"),
         }
     }

@@ -17,6 +17,76 @@ fn ctx(args: &[&str]) -> Output {
 }
 
 #[test]
+fn the_seeds_agent_create_request_is_taken_as_written_from_a_sandbox() {
+    let s = Served::start();
+    let st = s.storage.to_str().unwrap().to_owned();
+    assert!(ctx(&["bootstrap", &st]).status.success());
+    let src = s.dir.path().join("project");
+    fs::create_dir_all(&src).unwrap();
+    let src = src.to_str().unwrap();
+    let out = ctx(&[
+        "agent",
+        "new",
+        "seeder",
+        "--uid",
+        "1100",
+        "--gid",
+        "1100",
+        "--tool",
+        "agent.create",
+        "--tool",
+        "fs.read",
+        "--model",
+        "openai/gpt-5",
+        "--shared",
+        "project-a:read",
+        "--mount",
+        src,
+        "/data",
+        "ro",
+        "--source",
+        &st,
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let policy = s.storage.join("agent/seeder.d/policy");
+    let mut p = fs::read_to_string(&policy).unwrap();
+    p.push_str("allow seeder_t agent:scout create\n");
+    fs::write(&policy, p).unwrap();
+    fs::write(s.storage.join("tool/agent.create.d/policy"), "allow seeder_t tool:agent.create execute\n")
+        .unwrap();
+    let work = s.dir.path().join("work");
+    fs::create_dir_all(&work).unwrap();
+    rustix::fs::chown(&work, Some(rustix::fs::Uid::from_raw(1100)), Some(rustix::fs::Gid::from_raw(1100)))
+        .unwrap();
+    // The request exactly as the seed spells it.
+    let request = format!(
+        r#"{{"name":"scout","label":"scout_t","model":["openai/gpt-5"],"tools":["fs.read"],"shared":{{"project-a":["read"]}},"mount":[["{src}","/data","ro"]]}}"#
+    );
+    let out = Command::new(tests::bin("ctx"))
+        .args(["agent", "start", "seeder", "--session", &tests::unique("seed"), "--wait", "--ctx"])
+        .arg(&s.mnt)
+        .arg("--control")
+        .arg(&s.control)
+        .arg("--cwd")
+        .arg(&work)
+        .args(["--", "/ctx/bin/tsh", "agent.create", &request])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let control = |c: &str| fs::read_to_string(s.storage.join(format!("agent/scout.d/{c}"))).unwrap();
+    assert_eq!(control("parent"), "seeder\n");
+    assert_eq!(control("label"), "scout_t\n");
+    assert_eq!(control("model"), "openai/gpt-5\n");
+    assert_eq!(
+        control("policy"),
+        "allow scout_t tool:fs.read execute\nallow scout_t model:openai/gpt-5 use\n\
+         allow scout_t shared:project-a read\nallow scout_t mount:/data read\n"
+    );
+    assert_eq!(control("mount"), format!("{src}\t/data\tro\tnosuid,nodev\n"));
+    assert_eq!(control("uid"), "1100\n", "a child shares its parent's identity");
+}
+
+#[test]
 fn agents_create_narrower_children_update_themselves_and_own_their_children() {
     let s = Served::start();
     let st = s.storage.to_str().unwrap().to_owned();
