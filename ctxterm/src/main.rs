@@ -1,5 +1,7 @@
 //! `ctxterm`: own a PTY, run a child on it (tsh by default), serve watch/attach clients on the
-//! session socket, exit with the child's status.
+//! session socket, exit with the child's status. `ctxterm supervise CONTRACT` is the supervisor
+//! of one agent run, outside its sandbox (started by `ctx agent start`, see
+//! `ctxterm::launch::supervise`).
 //!
 //! Exit codes: the child's status (128 + signal when it was killed); 2 usage; 69 when the
 //! command cannot be started; 70 internal error.
@@ -15,11 +17,19 @@ use ctxterm::term::{self, Options};
 /// Clients connect to SOCKET and send one line: `watch` (output only) or `attach` (output and
 /// input). Late clients get the recent scrollback first.
 #[derive(Debug, Parser)]
-#[command(name = "ctxterm", version, about)]
+#[command(
+    name = "ctxterm",
+    version,
+    about,
+    subcommand_negates_reqs = true,
+    args_conflicts_with_subcommands = true
+)]
 struct Cli {
+    #[command(subcommand)]
+    run: Option<Run>,
     /// The session socket to listen on (created with mode 0600).
-    #[arg(long)]
-    socket: PathBuf,
+    #[arg(long, required = true)]
+    socket: Option<PathBuf>,
     /// Scrollback kept for late clients, in bytes.
     #[arg(long, default_value_t = term::DEFAULT_SCROLLBACK)]
     scrollback: usize,
@@ -32,6 +42,17 @@ struct Cli {
     /// The command to run.
     #[arg(last = true)]
     command: Vec<String>,
+}
+
+/// Other things ctxterm does.
+#[derive(Debug, clap::Subcommand)]
+enum Run {
+    /// Supervise one agent run from its launch contract (started by `ctx agent start`).
+    #[command(hide = true)]
+    Supervise {
+        /// The launch contract.
+        contract: PathBuf,
+    },
 }
 
 fn parse_size(s: &str) -> Result<(u16, u16), String> {
@@ -48,6 +69,19 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    if let Some(Run::Supervise { contract }) = &cli.run {
+        return match ctxterm::launch::supervise(contract) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("ctxterm: {e}");
+                ExitCode::from(e.code())
+            }
+        };
+    }
+    let Some(socket) = cli.socket else {
+        eprintln!("ctxterm: --socket is required");
+        return ExitCode::from(2);
+    };
     // The PTY's master and the terminal socket are here: processes of the same uid (the agent's)
     // may neither trace this one nor read its memory through /proc. The child, once it execs,
     // is dumpable again.
@@ -56,13 +90,8 @@ fn main() -> ExitCode {
         return ExitCode::from(70);
     }
     let command = if cli.command.is_empty() { vec!["tsh".to_owned()] } else { cli.command };
-    let opts = Options {
-        socket: cli.socket,
-        command,
-        scrollback: cli.scrollback,
-        size: cli.size,
-        wait_client: cli.wait_client,
-    };
+    let opts =
+        Options { socket, command, scrollback: cli.scrollback, size: cli.size, wait_client: cli.wait_client };
     match term::run(&opts) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(term::RunError::Spawn(e)) => {

@@ -151,12 +151,6 @@ pub enum Cmd {
         #[arg(long)]
         timeout: Option<u64>,
     },
-    /// The supervisor of one sandbox (started by `start`).
-    #[command(hide = true)]
-    Supervise {
-        /// The launch contract.
-        contract: PathBuf,
-    },
 }
 
 /// A session, seen through the host's /ctx.
@@ -495,7 +489,6 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Send { name, session, text } => {
             launch::terminal::send(&name, &session, &text).map_err(exit::launch)
         }
-        Cmd::Supervise { contract } => launch::supervise(&contract).map_err(exit::launch),
         Cmd::History { name, at } => session::history(&at.ctx, &name, &at.session),
         Cmd::Output { name, at, rebuild: false } => session::output(&at.ctx, &name, &at.session),
         Cmd::Output { name, at, rebuild: true } => session::rebuild_latest(&at.ctx, &name, &at.session),

@@ -2,7 +2,7 @@
 //!
 //! [`start`] derives the launch [`contract`] from the agent object (read through the host
 //! mount) and its policy before anything is spawned, prepares the [`rundir`] and the
-//! [`session`], asks the daemon for the agent's [`view`], then starts a supervisor (`ctx agent
+//! [`session`], asks the daemon for the agent's [`view`], then starts a supervisor (`ctxterm
 //! supervise`, its own process group) and returns once the terminal socket answers. The
 //! [`mod@supervise`] step runs the [`sandbox`] command line, as the agent's uid/gid/groups:
 //!

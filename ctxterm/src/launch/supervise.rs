@@ -1,8 +1,8 @@
 //! Starting a run and supervising it.
 //!
 //! [`start`] derives the contract, prepares the run directory, the session and the view, and
-//! starts the supervisor (the front end's [`SUPERVISE`] subcommand, in a process group of its
-//! own); it returns once the terminal answers. [`supervise`] serves the run's receipt socket,
+//! starts the supervisor (`ctxterm supervise CONTRACT`, in a process group of its own); it
+//! returns once the terminal answers. [`supervise`] serves the run's receipt socket,
 //! starts the sandbox inside its cgroups and waits on the sandbox's pidfd and a signal pipe,
 //! with a housekeeping tick once a second (owned children that ended, whether the view still
 //! answers, the run's timeout). A stop (signal, timeout, lost view) is SIGTERM, the grace
@@ -21,9 +21,20 @@ use serde_json::json;
 use super::receipt::{self, Children, Run};
 use super::{Contract, Error, Result, Start, cgroups, contract, rundir, sandbox, session, view};
 
-/// The front end's subcommand that runs [`supervise`] on a contract file: the supervisor is
-/// `<current executable> agent supervise CONTRACT`.
-pub const SUPERVISE: [&str; 2] = ["agent", "supervise"];
+/// The supervisor of a run: `ctxterm supervise CONTRACT`, the `ctxterm` beside the running
+/// program (`ctx`, or the supervisor of a parent run starting a child).
+fn supervisor_program() -> Result<std::path::PathBuf> {
+    let me = std::env::current_exe()?;
+    let p = me.with_file_name("ctxterm");
+    if !p.is_file() {
+        return Err(Error::Unavailable(format!(
+            "{} is missing: the supervisor of a run is ctxterm, installed beside {}",
+            p.display(),
+            me.display()
+        )));
+    }
+    Ok(p)
+}
 
 /// The exit code of a process status: its code, or 128 + the signal that ended it.
 pub fn code_of(status: std::process::ExitStatus) -> i32 {
@@ -72,8 +83,8 @@ fn spawn(s: &Start) -> Result<(Contract, std::process::Child)> {
     let log_path = c.runtime.join("log");
     let log = rundir::private(&log_path)?;
     let err = log.try_clone().map_err(|source| Error::RunDir { path: log_path.clone(), source })?;
-    let child = Command::new(std::env::current_exe()?)
-        .args(SUPERVISE)
+    let child = Command::new(supervisor_program()?)
+        .arg("supervise")
         .arg(&contract_file)
         .stdin(Stdio::null())
         .stdout(log)
