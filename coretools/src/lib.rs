@@ -17,6 +17,7 @@
 //! Any crate may depend on this one; of the workspace crates it depends only on `policy`.
 
 pub mod agent;
+pub mod bootstrap;
 mod fs;
 mod input;
 mod shell;
