@@ -193,17 +193,17 @@ fn ask(op: &str, input: serde_json::Value) -> Result<i32> {
     s.write_all(line.as_bytes()).map_err(|e| Error::io(&path, e))?;
     let mut reply = String::new();
     BufReader::new(s.take(1 << 20)).read_line(&mut reply).map_err(|e| Error::io(&path, e))?;
-    let v: serde_json::Value = serde_json::from_str(&reply)
+    let v: policy::receipt::Reply = serde_json::from_str(&reply)
         .map_err(|_| Error::Invalid(format!("{path}: unreadable answer {reply:?}")))?;
-    if v["ok"] == true {
-        let msg = v["message"].as_str().unwrap_or("");
+    if v.ok {
+        let msg = v.message.as_deref().unwrap_or("");
         if !msg.is_empty() {
             println!("{msg}");
         }
         Ok(0)
     } else {
-        eprintln!("{op}: {}", v["error"].as_str().unwrap_or("refused"));
-        Ok(v["code"].as_i64().and_then(|c| i32::try_from(c).ok()).unwrap_or(1))
+        eprintln!("{op}: {}", v.error.as_deref().unwrap_or("refused"));
+        Ok(v.code.unwrap_or(1))
     }
 }
 

@@ -21,6 +21,35 @@ pub const SELF_UPDATABLE: &[&str] = crate::controls::AGENT_SELF;
 /// Most bytes `agent.update` accepts.
 pub const UPDATE_MAX: usize = 8 * 1024;
 
+/// The reply to a request, one JSON line: `{"ok":true,"message":..}` or
+/// `{"ok":false,"code":N,"error":..}` (codes: 2 invalid, 13 refused, 1 failed, 69 unavailable).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reply {
+    /// Whether it was done.
+    pub ok: bool,
+    /// What was done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The exit code of a refusal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<i32>,
+    /// Why it was refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Reply {
+    /// Done, saying what.
+    pub fn done(message: impl Into<String>) -> Reply {
+        Reply { ok: true, message: Some(message.into()), ..Reply::default() }
+    }
+
+    /// Refused with an exit code and why.
+    pub fn refused(code: i32, error: impl Into<String>) -> Reply {
+        Reply { ok: false, code: Some(code), error: Some(error.into()), ..Reply::default() }
+    }
+}
+
 /// A request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", content = "input", deny_unknown_fields)]
@@ -168,45 +197,6 @@ pub struct Update {
     pub control: String,
     /// The new content.
     pub content: String,
-}
-
-/// A reply.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum Reply {
-    /// Done.
-    Ok {
-        /// Always true.
-        ok: bool,
-        /// What was done.
-        message: String,
-    },
-    /// Refused or failed.
-    Err {
-        /// Always false.
-        ok: bool,
-        /// An exit code of [`crate::exit`].
-        code: u8,
-        /// Why.
-        error: String,
-    },
-}
-
-impl Reply {
-    /// Success with a message.
-    pub fn done(message: impl Into<String>) -> Reply {
-        Reply::Ok { ok: true, message: message.into() }
-    }
-
-    /// A refusal with its exit code.
-    pub fn refused(code: u8, error: impl Into<String>) -> Reply {
-        Reply::Err { ok: false, code, error: error.into() }
-    }
-
-    /// Whether it is a success.
-    pub fn is_ok(&self) -> bool {
-        matches!(self, Reply::Ok { .. })
-    }
 }
 
 #[cfg(test)]

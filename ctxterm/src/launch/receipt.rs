@@ -20,7 +20,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use policy::receipt::{Create, Request, SELF_UPDATABLE, StartChild, StopChild, UPDATE_MAX, Update};
+use policy::receipt::{Create, Reply, Request, SELF_UPDATABLE, StartChild, StopChild, UPDATE_MAX, Update};
 use policy::v0::{Class, Permission, Policy, Query};
 use serde_json::{Value, json};
 
@@ -102,12 +102,12 @@ pub fn owned(children: &Children) -> Vec<(String, String)> {
 }
 
 /// The reply to a failed call, with the exit code it carries.
-fn failed(e: &Error) -> Value {
-    refuse(i32::from(e.code()), e.to_string())
+fn failed(e: &Error) -> Reply {
+    Reply::refused(i32::from(e.code()), e.to_string())
 }
 
-fn refuse(code: i32, error: impl Into<String>) -> Value {
-    json!({"ok": false, "code": code, "error": error.into()})
+fn refuse(code: i32, error: impl Into<String>) -> Reply {
+    Reply::refused(code, error)
 }
 
 impl Run {
@@ -141,7 +141,7 @@ impl Run {
             .map_err(|e| format!("the call was not recorded: {}: {e}", dir.join("events.jsonl").display()))
     }
 
-    fn update(&self, u: &Update) -> Value {
+    fn update(&self, u: &Update) -> Reply {
         let control = u.control.as_str();
         let content = u.content.as_str();
         let ts = session::timestamp();
@@ -166,35 +166,33 @@ impl Run {
             let path = self.ctx.join("agent").join(format!("{}.d", self.agent)).join(control);
             // Written through /ctx: replaced whole when the file is closed.
             match std::fs::write(&path, content) {
-                Ok(()) => {
-                    json!({"ok": true, "message": format!("replaced agent/{}.d/{control}", self.agent)})
-                }
+                Ok(()) => Reply::done(format!("replaced agent/{}.d/{control}", self.agent)),
                 Err(e) => refuse(1, format!("agent/{}.d/{control}: {e}", self.agent)),
             }
         };
         let mut done = base;
         done["type"] = json!("tool_result");
-        done["status"] = json!(if result["ok"] == true { "ok" } else { "error" });
-        if let Some(e) = result["error"].as_str() {
+        done["status"] = json!(if result.ok { "ok" } else { "error" });
+        if let Some(e) = result.error.as_deref() {
             done["reason"] = json!(e);
         }
         match self.event(done) {
             Ok(()) => result,
             // Done but not recorded: the caller hears of it as a failure, with what was done.
-            Err(e) if result["ok"] == true => refuse(
+            Err(e) if result.ok => refuse(
                 1,
-                format!("{e} (the update itself was made: {})", result["message"].as_str().unwrap_or("")),
+                format!("{e} (the update itself was made: {})", result.message.as_deref().unwrap_or("")),
             ),
-            Err(e) => refuse(1, format!("{e}; {}", result["error"].as_str().unwrap_or(""))),
+            Err(e) => refuse(1, format!("{e}; {}", result.error.as_deref().unwrap_or(""))),
         }
     }
 
-    fn create(&self, c: &Create) -> Value {
+    fn create(&self, c: &Create) -> Reply {
         let Some(storage) = self.storage() else {
             return refuse(69, "cannot find the storage in /ctx/status");
         };
         match agents::create_child(Path::new(&storage), &self.agent, c) {
-            Ok(message) => json!({"ok": true, "message": message}),
+            Ok(message) => Reply::done(message),
             Err(e) => failed(&e),
         }
     }
@@ -203,7 +201,7 @@ impl Run {
         self.session_dir().join("context").join("child").join(format!("{child}.{session}"))
     }
 
-    fn start(&self, input: &StartChild, children: &Children) -> Value {
+    fn start(&self, input: &StartChild, children: &Children) -> Reply {
         let child = input.name.as_str();
         if !self.may(child, Permission::Start) {
             return refuse(13, format!("the caller's policy does not allow agent:{child} start"));
@@ -263,13 +261,13 @@ impl Run {
                     session: session.clone(),
                     supervisor: Some(supervisor),
                 });
-                json!({"ok": true, "message": format!("started agent {child} session {session}")})
+                Reply::done(format!("started agent {child} session {session}"))
             }
             Err(e) => failed(&e),
         }
     }
 
-    fn stop(&self, input: &StopChild, children: &Children) -> Value {
+    fn stop(&self, input: &StopChild, children: &Children) -> Reply {
         let child = input.name.as_str();
         if !self.may(child, Permission::Stop) {
             return refuse(13, format!("the caller's policy does not allow agent:{child} stop"));
@@ -287,7 +285,7 @@ impl Run {
         for (c, s) in &owned {
             self.cancel(c, s);
         }
-        json!({"ok": true, "message": format!("stopped agent {child}")})
+        Reply::done(format!("stopped agent {child}"))
     }
 
     /// Stops an owned child and marks it cancelled (unless it had already ended).
@@ -325,7 +323,7 @@ impl Run {
 
     /// Whether both policies let the caller run the lifecycle tool `tool`: the socket can be
     /// reached without tsh, so it checks what tsh checks.
-    fn may_run(&self, tool: &str) -> Result<(), Value> {
+    fn may_run(&self, tool: &str) -> Result<(), Reply> {
         let label = self.own("label").trim().to_owned();
         let q = Query { subject: &label, class: Class::Tool, object: tool, permission: Permission::Execute };
         let agent = Policy::from_text(self.own("policy").as_bytes()).is_ok_and(|p| p.allows(&q));
@@ -346,7 +344,7 @@ impl Run {
         Ok(())
     }
 
-    fn handle(&self, req: &Request, children: &Children) -> Value {
+    fn handle(&self, req: &Request, children: &Children) -> Reply {
         if let Err(refused) = self.may_run(req.tool()) {
             return refused;
         }
@@ -370,7 +368,7 @@ fn serve_one(run: &Run, stream: UnixStream, children: &Children) {
         Ok(req) => run.handle(&req, children),
         Err(e) => refuse(2, format!("EINVAL: {e}")),
     };
-    let mut line = reply.to_string();
+    let mut line = serde_json::to_string(&reply).unwrap_or_else(|_| r#"{"ok":false,"code":70}"#.to_owned());
     line.push('\n');
     let _ = w.write_all(line.as_bytes());
 }
