@@ -125,18 +125,22 @@ pub fn run(opts: &Options) -> Result<i32, RunError> {
         let (mut m, state) = (master.try_clone()?, Arc::clone(&state));
         std::thread::Builder::new().name("pty".into()).spawn(move || pump(&mut m, &state))?
     };
+    // Held by every client's writer while it runs: the terminal's last output reaches the
+    // clients before ctxterm exits.
+    let writing = Arc::new(());
     if let Some(stream) = first {
-        let (m, state) = (master.try_clone()?, Arc::clone(&state));
-        std::thread::Builder::new().name("client".into()).spawn(move || serve(stream, m, &state))?;
+        let (m, state, w) = (master.try_clone()?, Arc::clone(&state), Arc::clone(&writing));
+        std::thread::Builder::new().name("client".into()).spawn(move || serve(stream, m, &state, w))?;
     }
     {
-        let (m, state) = (master.try_clone()?, Arc::clone(&state));
+        let (m, state, writing) = (master.try_clone()?, Arc::clone(&state), Arc::clone(&writing));
         std::thread::Builder::new().name("accept".into()).spawn(move || {
             for stream in listener.incoming().flatten() {
-                let (m, state) = (m.try_clone(), Arc::clone(&state));
+                let (m, state, w) = (m.try_clone(), Arc::clone(&state), Arc::clone(&writing));
                 let Ok(m) = m else { continue };
-                let _ =
-                    std::thread::Builder::new().name("client".into()).spawn(move || serve(stream, m, &state));
+                let _ = std::thread::Builder::new()
+                    .name("client".into())
+                    .spawn(move || serve(stream, m, &state, w));
             }
         })?;
     }
@@ -153,7 +157,12 @@ pub fn run(opts: &Options) -> Result<i32, RunError> {
         st.clients.clear(); // dropping the senders ends the writer threads after they flush
     }
     let _ = std::fs::remove_file(&opts.socket);
-    std::thread::sleep(Duration::from_millis(50));
+    // Every writer ends once it has sent what it was given (or its client stopped reading for
+    // WRITE_TIMEOUT); the accept thread keeps one token.
+    let t = std::time::Instant::now();
+    while Arc::strong_count(&writing) > 2 && t.elapsed() < WRITE_TIMEOUT + Duration::from_secs(1) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     Ok(match (status.code(), std::os::unix::process::ExitStatusExt::signal(&status)) {
         (Some(c), _) => c,
         (None, Some(s)) => 128 + s,
@@ -200,7 +209,10 @@ fn mode(stream: &mut UnixStream) -> io::Result<Mode> {
     Err(io::Error::new(io::ErrorKind::InvalidInput, "mode line too long"))
 }
 
-fn serve(mut stream: UnixStream, mut master: File, state: &Mutex<State>) {
+/// How long a client may leave its output unread before it is dropped.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+
+fn serve(mut stream: UnixStream, mut master: File, state: &Mutex<State>, writing: Arc<()>) {
     let m = match mode(&mut stream) {
         Ok(m) => m,
         Err(e) => {
@@ -225,7 +237,9 @@ fn serve(mut stream: UnixStream, mut master: File, state: &Mutex<State>) {
         st.ring.snapshot()
     };
     let Ok(mut out) = stream.try_clone() else { return };
+    let _ = out.set_write_timeout(Some(WRITE_TIMEOUT));
     let writer = std::thread::spawn(move || {
+        let _writing = writing;
         if out.write_all(&snapshot).is_err() {
             return;
         }
