@@ -454,6 +454,26 @@ pub struct CtxFs {
     pieces: Mutex<HashMap<u64, (u64, Vec<u8>)>>,
 }
 
+/// Most bytes of one extended attribute's value, or of a list of names (the kernel's limit).
+const XATTR_MAX: usize = 64 * 1024;
+
+/// Whether data may carry the attribute `name`: EPERM for CortexFS's own namespace,
+/// EOPNOTSUPP for ACLs and namespaces the backing filesystem's users have no use for here.
+fn data_xattr(name: &[u8]) -> io::Result<()> {
+    if name.starts_with(b"user.cortexfs.") {
+        Err(err(libc::EPERM))
+    } else if [&b"user."[..], b"security.", b"trusted."].iter().any(|p| name.starts_with(p)) {
+        Ok(())
+    } else {
+        Err(err(libc::EOPNOTSUPP))
+    }
+}
+
+/// The magic link through which a path descriptor's inode takes xattr calls.
+fn proc_fd(fd: &OwnedFd) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -683,6 +703,47 @@ impl CtxFs {
             }
             _ => Ok(()),
         }
+    }
+
+    /// What `user.cortexfs.kind` says an inode is.
+    fn kind_of(&self, ino: u64) -> io::Result<&'static str> {
+        Ok(match ino {
+            ROOT => "root",
+            STATUS => "status",
+            BIN => "bin",
+            i if (BIN_FIRST..LAYOUT_FIRST).contains(&i) => "binary",
+            _ => match classify(&self.rel(ino)?) {
+                Some(Area::ClassDir) => "class",
+                Some(Area::Object) => "object",
+                Some(Area::Socket) => "socket",
+                Some(Area::ControlDir) => "controls",
+                Some(Area::Control(Owner::Runtime)) => "runtime-control",
+                Some(Area::Control(_)) => "control",
+                Some(Area::DataRoot) => "space",
+                Some(Area::Data) => "data",
+                Some(Area::SessionLog) => "session-log",
+                Some(Area::ObjectLog) => "object-log",
+                None => return Err(err(libc::ENOENT)),
+            },
+        })
+    }
+
+    /// A data file's backing inode, for its extended attributes: opened as a path (a FIFO
+    /// or a device is never opened for I/O) beneath the storage root; `None` for anything
+    /// that is not data (objects, controls, logs, the synthesized tree).
+    fn data_inode(&self, ino: u64) -> io::Result<Option<(PathBuf, OwnedFd)>> {
+        if ino < LAYOUT_FIRST {
+            return Ok(None);
+        }
+        let rel = self.rel(ino)?;
+        if classify(&rel) != Some(Area::Data) {
+            return Ok(None);
+        }
+        if !self.permitted(&rel) {
+            return Err(err(libc::ENOENT));
+        }
+        let fd = self.storage.open_rel(&rel, rustix::fs::OFlags::PATH, 0)?;
+        Ok(Some((rel, fd)))
     }
 
     /// Entry and attribute timeout for a storage path. In an agent view, zero unless its
@@ -1883,30 +1944,57 @@ impl FileSystem for CtxFs {
         Ok(())
     }
 
+    /// The storage filesystem's sizes and counts, for every inode: `df` on `/ctx` (or any of
+    /// its directories) sees the storage it writes to.
+    fn statfs(&self, _ctx: &Context, _ino: u64) -> io::Result<libc::statvfs64> {
+        self.stats.count("other");
+        let v = self.storage.statvfs()?;
+        #[allow(unsafe_code)]
+        // SAFETY: statvfs64 is a plain C struct of integers (with private padding that cannot
+        // be named), for which all zero bytes are a valid value.
+        let mut st: libc::statvfs64 = unsafe { std::mem::zeroed() };
+        st.f_bsize = v.f_bsize;
+        st.f_frsize = v.f_frsize;
+        st.f_blocks = v.f_blocks;
+        st.f_bfree = v.f_bfree;
+        st.f_bavail = v.f_bavail;
+        st.f_files = v.f_files;
+        st.f_ffree = v.f_ffree;
+        st.f_favail = v.f_favail;
+        st.f_fsid = v.f_fsid;
+        st.f_namemax = v.f_namemax;
+        Ok(st)
+    }
+
     fn getxattr(&self, _ctx: &Context, ino: u64, name: &CStr, size: u32) -> io::Result<GetxattrReply> {
         self.stats.count("xattr");
         if name.to_bytes() != KIND_XATTR {
-            return Err(err(libc::ENODATA));
+            // Data keeps its own attributes, as the backing filesystem does.
+            let Some((_, fd)) = self.data_inode(ino)? else { return Err(err(libc::ENODATA)) };
+            if data_xattr(name.to_bytes()).is_err() {
+                return Err(err(libc::ENODATA));
+            }
+            // Read whole (most values are short; at most the kernel's limit), then answered
+            // as asked.
+            let path = proc_fd(&fd);
+            let mut value = vec![0u8; 256];
+            let n = match rustix::fs::getxattr(&path, name, &mut value[..]) {
+                Err(rustix::io::Errno::RANGE) => {
+                    value.resize(XATTR_MAX, 0);
+                    rustix::fs::getxattr(&path, name, &mut value[..]).map_err(ioerr)?
+                }
+                r => r.map_err(ioerr)?,
+            };
+            value.truncate(n);
+            if size == 0 {
+                return Ok(GetxattrReply::Count(n as u32));
+            }
+            if (size as usize) < n {
+                return Err(err(libc::ERANGE));
+            }
+            return Ok(GetxattrReply::Value(value));
         }
-        let kind: &str = match ino {
-            ROOT => "root",
-            STATUS => "status",
-            BIN => "bin",
-            i if (BIN_FIRST..LAYOUT_FIRST).contains(&i) => "binary",
-            _ => match classify(&self.rel(ino)?) {
-                Some(Area::ClassDir) => "class",
-                Some(Area::Object) => "object",
-                Some(Area::Socket) => "socket",
-                Some(Area::ControlDir) => "controls",
-                Some(Area::Control(Owner::Runtime)) => "runtime-control",
-                Some(Area::Control(_)) => "control",
-                Some(Area::DataRoot) => "space",
-                Some(Area::Data) => "data",
-                Some(Area::SessionLog) => "session-log",
-                Some(Area::ObjectLog) => "object-log",
-                None => return Err(err(libc::ENOENT)),
-            },
-        };
+        let kind = self.kind_of(ino)?;
         let value = kind.as_bytes();
         if size == 0 {
             Ok(GetxattrReply::Count(value.len() as u32))
@@ -1917,10 +2005,20 @@ impl FileSystem for CtxFs {
         }
     }
 
-    fn listxattr(&self, _ctx: &Context, _ino: u64, size: u32) -> io::Result<ListxattrReply> {
+    fn listxattr(&self, _ctx: &Context, ino: u64, size: u32) -> io::Result<ListxattrReply> {
         self.stats.count("xattr");
         let mut names = KIND_XATTR.to_vec();
         names.push(0);
+        if let Some((_, fd)) = self.data_inode(ino)? {
+            let mut list = vec![0u8; XATTR_MAX];
+            let n = rustix::fs::listxattr(proc_fd(&fd), &mut list[..]).map_err(ioerr)?;
+            for name in list[..n].split(|b| *b == 0).filter(|n| !n.is_empty()) {
+                if data_xattr(name).is_ok() {
+                    names.extend_from_slice(name);
+                    names.push(0);
+                }
+            }
+        }
         if size == 0 {
             Ok(ListxattrReply::Count(names.len() as u32))
         } else if (size as usize) < names.len() {
@@ -1930,21 +2028,31 @@ impl FileSystem for CtxFs {
         }
     }
 
-    fn setxattr(
-        &self,
-        _ctx: &Context,
-        _ino: u64,
-        _name: &CStr,
-        _value: &[u8],
-        _flags: u32,
-    ) -> io::Result<()> {
+    /// Data files take `user.*`, `security.*` and `trusted.*` attributes as the backing
+    /// filesystem does (the kernel has checked the caller's permission and capabilities before
+    /// the request arrives); CortexFS's own `user.cortexfs.*` and everything that is not data
+    /// stay read-only (EPERM). ACLs are refused (EOPNOTSUPP: not negotiated with the kernel, so
+    /// they would not be enforced), which `cp -a` and `mv` take as "not preserved".
+    fn setxattr(&self, _ctx: &Context, ino: u64, name: &CStr, value: &[u8], flags: u32) -> io::Result<()> {
         self.stats.count("xattr");
-        Err(err(libc::EPERM))
+        if name.to_bytes() == KIND_XATTR {
+            // Copying a file copies its attributes (`cp -a`, `mv` across home/ and shared/):
+            // setting the kind it already has changes nothing; any other is refused.
+            return if value == self.kind_of(ino)?.as_bytes() { Ok(()) } else { Err(err(libc::EPERM)) };
+        }
+        let Some((rel, fd)) = self.data_inode(ino)? else { return Err(err(libc::EPERM)) };
+        data_xattr(name.to_bytes())?;
+        self.may_write(&rel)?;
+        let flags = rustix::fs::XattrFlags::from_bits_retain(flags);
+        rustix::fs::setxattr(proc_fd(&fd), name, value, flags).map_err(ioerr)
     }
 
-    fn removexattr(&self, _ctx: &Context, _ino: u64, _name: &CStr) -> io::Result<()> {
+    fn removexattr(&self, _ctx: &Context, ino: u64, name: &CStr) -> io::Result<()> {
         self.stats.count("xattr");
-        Err(err(libc::EPERM))
+        let Some((rel, fd)) = self.data_inode(ino)? else { return Err(err(libc::EPERM)) };
+        data_xattr(name.to_bytes())?;
+        self.may_write(&rel)?;
+        rustix::fs::removexattr(proc_fd(&fd), name).map_err(ioerr)
     }
 
     /// In the host view, a storage directory's listing is cached by the kernel (CACHE_DIR) and

@@ -44,6 +44,11 @@ impl Storage {
         &self.path
     }
 
+    /// The storage filesystem's sizes and counts (`statvfs`).
+    pub fn statvfs(&self) -> io::Result<rustix::fs::StatVfs> {
+        Ok(rustix::fs::fstatvfs(&self.root)?)
+    }
+
     /// Opens `rel` beneath the root without following any symlink.
     pub fn open_rel(&self, rel: &Path, flags: OFlags, mode: u32) -> io::Result<OwnedFd> {
         let how = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;

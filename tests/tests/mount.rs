@@ -482,3 +482,69 @@ fn a_view_write_drops_the_hosts_kept_pages() {
     }
     assert_eq!(fs::read(&shared).unwrap(), b"view", "the view's write reaches the host's reader");
 }
+
+/// `df` on the mount showed 0 blocks and 0 free (statfs was not answered), so every program
+/// that checks for free space saw a full disk.
+#[test]
+fn df_on_home_and_shared_shows_the_storages_space() {
+    let s = Served::start();
+    fs::create_dir_all(s.storage.join("shared/p")).unwrap();
+    let storage = rustix::fs::statvfs(&s.storage).unwrap();
+    assert!(storage.f_blocks > 0);
+    for dir in ["", "home", "shared/p"] {
+        let seen = rustix::fs::statvfs(s.mnt.join(dir)).unwrap();
+        assert_eq!(
+            (seen.f_blocks, seen.f_frsize, seen.f_files),
+            (storage.f_blocks, storage.f_frsize, storage.f_files),
+            "{dir}"
+        );
+        let near = |a: u64, b: u64| a.abs_diff(b) <= b / 100 + 64;
+        assert!(near(seen.f_bavail, storage.f_bavail) && near(seen.f_bfree, storage.f_bfree), "{dir}");
+        assert_eq!(seen.f_namemax, storage.f_namemax);
+    }
+    let df = Command::new("df").arg("-P").arg(s.mnt.join("home")).output().unwrap();
+    let line = String::from_utf8_lossy(&df.stdout).lines().nth(1).unwrap_or_default().to_owned();
+    let blocks: u64 = line.split_whitespace().nth(1).and_then(|b| b.parse().ok()).unwrap_or(0);
+    assert!(df.status.success() && blocks > 0, "{line}");
+}
+
+/// Every setxattr on data answered EPERM, so `cp -a` into `home/` exited 1 and `mv` between
+/// `home/` and `shared/` complained.
+#[test]
+fn extended_attributes_on_data_behave_as_on_the_backing_filesystem() {
+    use rustix::fs::XattrFlags;
+    let s = Served::start();
+    fs::create_dir_all(s.storage.join("shared/p")).unwrap();
+    let home = s.mnt.join("home/0");
+    fs::create_dir_all(&home).unwrap();
+    let f = home.join("f");
+    fs::write(&f, "data\n").unwrap();
+    rustix::fs::setxattr(&f, "user.note", b"kept", XattrFlags::empty()).unwrap();
+    let mut buf = [0u8; 64];
+    let n = rustix::fs::getxattr(&f, "user.note", &mut buf).unwrap();
+    assert_eq!(&buf[..n], b"kept");
+    let mut names = [0u8; 256];
+    let n = rustix::fs::listxattr(&f, &mut names).unwrap();
+    let listed = String::from_utf8_lossy(&names[..n]).replace('\0', " ");
+    assert!(listed.contains("user.note") && listed.contains("user.cortexfs.kind"), "{listed}");
+    // What the backing file holds is what was set.
+    let n = rustix::fs::getxattr(s.storage.join("home/0/f"), "user.note", &mut buf).unwrap();
+    assert_eq!(&buf[..n], b"kept");
+    // CortexFS's own attribute stays its own; ACLs are not taken (not enforced here).
+    let own = rustix::fs::setxattr(&f, "user.cortexfs.kind", b"object", XattrFlags::empty());
+    assert_eq!(own.err().map(|e| e.raw_os_error()), Some(libc::EPERM));
+    let acl = rustix::fs::setxattr(&f, "system.posix_acl_access", b"\x02\0\0\0", XattrFlags::empty());
+    assert_eq!(acl.err().map(|e| e.raw_os_error()), Some(libc::EOPNOTSUPP));
+    // cp -a and mv across home/ and shared/ keep the attribute, and say nothing.
+    let cp = Command::new("cp").arg("-a").arg(&f).arg(home.join("g")).output().unwrap();
+    assert!(cp.status.success() && cp.stderr.is_empty(), "{}", tests::shown(&cp));
+    let n = rustix::fs::getxattr(home.join("g"), "user.note", &mut buf).unwrap();
+    assert_eq!(&buf[..n], b"kept");
+    let mv = Command::new("mv").arg(home.join("g")).arg(s.mnt.join("shared/p/g")).output().unwrap();
+    assert!(mv.status.success() && mv.stderr.is_empty(), "{}", tests::shown(&mv));
+    rustix::fs::removexattr(&f, "user.note").unwrap();
+    assert_eq!(
+        rustix::fs::getxattr(&f, "user.note", &mut buf).err().map(|e| e.raw_os_error()),
+        Some(libc::ENODATA)
+    );
+}
