@@ -76,6 +76,11 @@ fn main() -> ExitCode {
         default_hook(info);
         std::process::exit(i32::from(exit::INTERNAL));
     }));
+    // Installed as mount(8)'s helper for the type fuse.cortexfs.
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.first().and_then(|a| a.rsplit('/').next()).is_some_and(|n| n == "mount.fuse.cortexfs") {
+        return report(cmd::mount::helper(&argv[1..]));
+    }
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -98,6 +103,11 @@ fn main() -> ExitCode {
         Command::Tool { name, args } => cmd::tool::run(&name, &args),
         Command::ValidateName { name, mcp } => cmd::name::run(&name, mcp),
     };
+    report(result)
+}
+
+/// The exit of a command's result, its message on stderr.
+fn report(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::from(exit::OK),
         Err(e) => match e.downcast_ref::<exit::Exit>() {

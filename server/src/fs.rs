@@ -768,6 +768,11 @@ impl CtxFs {
         self.view_timeout = self.ttl;
     }
 
+    /// The storage directory this filesystem serves.
+    pub fn storage_path(&self) -> &Path {
+        self.storage.path()
+    }
+
     /// The entries (parent inode, name) this connection's kernel may cache, to invalidate them.
     pub fn known_entries(&self) -> Vec<(u64, std::ffi::CString)> {
         let inodes = lock(&self.inodes);

@@ -548,3 +548,72 @@ fn extended_attributes_on_data_behave_as_on_the_backing_filesystem() {
         Some(libc::ENODATA)
     );
 }
+
+/// `ctx mount` could not be used from mount(8) or /etc/fstab, and every instance was named
+/// `cortexfs`: a harness that mounted its own instance could not find it.
+#[test]
+fn mount_8_mounts_a_storage_by_type_and_from_an_fstab_line() {
+    // Installed as mount(8) looks for the helper of the type fuse.cortexfs.
+    let helper = Path::new("/usr/sbin/mount.fuse.cortexfs");
+    let _ = fs::remove_file(helper);
+    std::os::unix::fs::symlink(tests::bin("ctx"), helper).unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let (storage, mnt) = (d.path().join("storage"), d.path().join("mnt"));
+    fs::create_dir_all(&mnt).unwrap();
+    let mounted = |want: bool| {
+        let t = std::time::Instant::now();
+        loop {
+            let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+            let line =
+                info.lines().find(|l| l.split(' ').nth(4) == Some(mnt.to_str().unwrap())).map(str::to_owned);
+            if line.is_some() == want || t.elapsed() > Duration::from_secs(10) {
+                return line;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let control = d.path().join("control.sock");
+    let o = Command::new("mount")
+        .args(["-t", "fuse.cortexfs"])
+        .arg(&storage)
+        .arg(&mnt)
+        .arg("-o")
+        .arg(format!("cache_timeout=5,nofail,control={}", control.display()))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", tests::shown(&o));
+    let line = mounted(true).unwrap();
+    let fields: Vec<&str> = line.split(" - ").nth(1).unwrap().split(' ').collect();
+    assert_eq!(&fields[..2], ["fuse.cortexfs", storage.to_str().unwrap()], "{line}");
+    let status = fs::read_to_string(mnt.join("status")).unwrap();
+    assert!(status.contains(&format!("storage {}", storage.display())), "{status}");
+    // Unmounted from outside, the daemon stops (its control socket goes with it).
+    let o = Command::new("umount").arg("-R").arg(&mnt).output().unwrap();
+    assert!(o.status.success(), "{}", tests::shown(&o));
+    assert!(mounted(false).is_none());
+    let t = std::time::Instant::now();
+    while control.exists() && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!control.exists(), "the daemon stopped");
+    // An fstab line, and options the helper does not know.
+    let fstab = d.path().join("fstab");
+    fs::write(
+        &fstab,
+        format!(
+            "{} {} fuse.cortexfs defaults,control={} 0 0\n",
+            storage.display(),
+            mnt.display(),
+            control.display()
+        ),
+    )
+    .unwrap();
+    let o = Command::new("mount").arg("-T").arg(&fstab).arg(&mnt).output().unwrap();
+    assert!(o.status.success(), "{}", tests::shown(&o));
+    assert!(mounted(true).is_some());
+    assert!(Command::new("umount").arg("-R").arg(&mnt).status().unwrap().success());
+    assert!(mounted(false).is_none());
+    let o = Command::new(helper).arg(&storage).arg(&mnt).args(["-o", "bogus"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", tests::shown(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("-o bogus: not an option of cortexfs"));
+}

@@ -1,5 +1,7 @@
 //! `ctx mount`: serve `/ctx` in the foreground, as a FUSE mount or (`--virtiofs`) to a virtual
-//! machine.
+//! machine; and the `mount(8)` helper (`ctx` installed as `/sbin/mount.fuse.cortexfs`), so that
+//! `mount -t fuse.cortexfs STORAGE DIR` and an fstab line start a daemon in the background.
+//! The daemon stops when its mount is unmounted from outside (`umount DIR`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -58,6 +60,118 @@ fn is_mount_point(path: &Path) -> bool {
     let Ok(canon) = path.canonicalize() else { return false };
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
     info.lines().any(|l| l.split(' ').nth(4).is_some_and(|m| Path::new(m) == canon))
+}
+
+/// Stops the daemon (as SIGTERM does) once `mp` is no longer mounted: `umount` from outside.
+/// The mount table's changes wake a poll on `/proc/self/mountinfo`.
+fn stop_when_unmounted(mp: PathBuf) -> std::io::Result<()> {
+    use std::io::{Read, Seek};
+    let mut info = std::fs::File::open("/proc/self/mountinfo")?;
+    std::thread::Builder::new().name("unmount".into()).spawn(move || {
+        let mut text = Vec::new();
+        loop {
+            text.clear();
+            if info.rewind().is_err() || info.read_to_end(&mut text).is_err() {
+                return;
+            }
+            if !is_mount_point(&mp) {
+                tracing::info!(mountpoint = %mp.display(), "unmounted from outside: stopping");
+                let _ = signal_hook::low_level::raise(SIGTERM);
+                return;
+            }
+            let mut fds = [rustix::event::PollFd::new(&info, rustix::event::PollFlags::PRI)];
+            if rustix::event::poll(&mut fds, None).is_err() {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+        }
+    })?;
+    Ok(())
+}
+
+/// Options `mount(8)` passes that concern the mount table, not the daemon.
+const GENERIC_OPTIONS: &[&str] = &[
+    "defaults", "rw", "auto", "noauto", "nofail", "user", "users", "nouser", "_netdev", "relatime", "noatime",
+];
+
+/// Runs as `mount.fuse.cortexfs STORAGE DIR [-sfnv] [-o OPTIONS]` (what `mount -t
+/// fuse.cortexfs` and fstab run): starts `ctx mount --source STORAGE DIR` in the background,
+/// its output in `/run/cortexfs/mount.<DIR>.log`, and returns once the mount answers (or with
+/// the daemon's own status when it could not start). Options: `cache_timeout=N`, `threads=N`,
+/// `control=SOCKET`, `nonempty`; the mount table's own (`defaults`, `nofail`, `x-*`, ...) are
+/// ignored; `ro` is refused (a read-only host view is not offered).
+pub fn helper(args: &[String]) -> anyhow::Result<()> {
+    let usage = || Exit::new(exit::INVALID, "usage: mount.fuse.cortexfs STORAGE DIR [-sfnv] [-o OPTIONS]");
+    let mut positional = Vec::new();
+    let mut options = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-o" => options.extend(it.next().ok_or_else(usage)?.split(',').map(str::to_owned)),
+            "-t" | "-N" => {
+                it.next().ok_or_else(usage)?;
+            }
+            "-s" | "-f" | "-n" | "-v" => {}
+            o if o.starts_with('-') => return Err(usage().into()),
+            p => positional.push(p.to_owned()),
+        }
+    }
+    let [source, dir] = positional.as_slice() else { return Err(usage().into()) };
+    let mut daemon = vec!["mount".to_owned(), "--source".to_owned(), source.clone(), dir.clone()];
+    for o in options.iter().filter(|o| !o.is_empty()) {
+        let (k, v) = o.split_once('=').map_or((o.as_str(), None), |(k, v)| (k, Some(v)));
+        match (k, v) {
+            ("cache_timeout" | "threads" | "control", Some(v)) => {
+                daemon.push(format!("--{}", k.replace('_', "-")));
+                daemon.push(v.to_owned());
+            }
+            ("nonempty", None) => daemon.push("--nonempty".to_owned()),
+            ("ro", None) => {
+                return Err(Exit::new(exit::INVALID, "-o ro: a read-only /ctx is not offered").into());
+            }
+            (k, _) if GENERIC_OPTIONS.contains(&k) || k.starts_with("x-") || k == "comment" => {}
+            _ => return Err(Exit::new(exit::INVALID, format!("-o {o}: not an option of cortexfs")).into()),
+        }
+    }
+    let mp = Path::new(dir);
+    let name: String = dir.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    std::fs::create_dir_all(policy::runtime::RUN_ROOT)?;
+    let log_path = Path::new(policy::runtime::RUN_ROOT).join(format!("mount.{name}.log"));
+    let log = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(&log_path)?
+    };
+    let mut child = std::process::Command::new("setsid")
+        .arg(std::env::current_exe()?)
+        .args(&daemon)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("setsid: {e}")))?;
+    let t = std::time::Instant::now();
+    loop {
+        if is_mount_point(mp) && std::fs::read_to_string(mp.join("status")).is_ok() {
+            return Ok(());
+        }
+        if let Some(st) = child.try_wait()? {
+            let said = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let last = said.lines().rfind(|l| l.starts_with("ctx: ")).unwrap_or("").to_owned();
+            let code = st.code().and_then(|c| u8::try_from(c).ok()).unwrap_or(exit::FAILURE);
+            return Err(Exit::new(
+                code.max(1),
+                format!("the daemon ended: {}", last.trim_start_matches("ctx: ")),
+            )
+            .into());
+        }
+        if t.elapsed() > std::time::Duration::from_secs(15) {
+            return Err(Exit::new(
+                exit::UNAVAILABLE,
+                format!("{} did not answer (see {})", mp.display(), log_path.display()),
+            )
+            .into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }
 
 /// `bin/` entries: this `ctx`, and `tsh` and `ctxterm` when installed beside it.
@@ -201,6 +315,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     server::control::listen(&a.control, Arc::clone(&views)).map_err(|e| {
         Exit::new(exit::UNAVAILABLE, format!("cannot listen on {}: {e}", a.control.display()))
     })?;
+    stop_when_unmounted(mp.clone())
+        .map_err(|e| Exit::new(exit::INTERNAL, format!("cannot watch the mount table: {e}")))?;
     tracing::info!(storage = %a.source.display(), mountpoint = %mp.display(), threads, "serving /ctx");
     eprintln!("ctx: serving {} at {}", a.source.display(), mp.display());
     if let Some(sig) = signals.forever().next() {
@@ -208,7 +324,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     views.shutdown();
     let _ = std::fs::remove_file(&a.control);
-    let unmounted = pool.unmount_host(mount);
+    // Unmounted from outside already (`umount -R`): nothing is left to unmount.
+    let outside = !is_mount_point(mp);
+    let unmounted = pool.unmount_host(mount).or_else(|e| if outside { Ok(()) } else { Err(e) });
     drop(views);
     if let Ok(pool) = Arc::try_unwrap(pool) {
         pool.shutdown();

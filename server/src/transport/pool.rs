@@ -201,9 +201,13 @@ impl Pool {
         self.inner.conns.read().map_or(0, |c| c.len())
     }
 
-    /// Mounts `fs` at `mountpoint` and serves it from the pool.
+    /// Mounts `fs` at `mountpoint` and serves it from the pool. The mount's source is the
+    /// storage it serves and its type `fuse.cortexfs`, as `mount -t fuse.cortexfs STORAGE DIR`
+    /// and an fstab line name them.
     pub fn mount(&self, fs: Arc<CtxFs>, mountpoint: &Path) -> io::Result<Attached> {
-        let mut session = FuseSession::new(mountpoint, "cortexfs", "ctx", false).map_err(io::Error::other)?;
+        let source = fs.storage_path().display().to_string();
+        let mut session =
+            FuseSession::new(mountpoint, &source, "cortexfs", false).map_err(io::Error::other)?;
         session.set_allow_other(true);
         session.mount().map_err(io::Error::other)?;
         let file = session
