@@ -180,12 +180,60 @@ impl Changes {
     }
 }
 
+/// The storage paths that reach an inode: one serves requests, more than one for hard links,
+/// none once unlinked. Adding and removing one costs the same however many links there are.
+#[derive(Debug, Default)]
+struct Paths {
+    first: Option<PathBuf>,
+    more: std::collections::HashSet<PathBuf>,
+}
+
+impl Paths {
+    fn one(p: PathBuf) -> Paths {
+        Paths { first: Some(p), more: std::collections::HashSet::new() }
+    }
+
+    /// The path that serves requests.
+    fn first(&self) -> Option<&PathBuf> {
+        self.first.as_ref().or_else(|| self.more.iter().next())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none() && self.more.is_empty()
+    }
+
+    fn push(&mut self, p: PathBuf) {
+        if self.first.is_none() {
+            self.first = Some(p);
+        } else {
+            self.more.insert(p);
+        }
+    }
+
+    fn remove(&mut self, p: &Path) {
+        if self.first.as_deref() == Some(p) {
+            self.first = self.more.iter().next().cloned();
+            if let Some(f) = &self.first {
+                self.more.remove(f);
+            }
+        } else {
+            self.more.remove(p);
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &PathBuf> {
+        self.first.iter().chain(self.more.iter())
+    }
+}
+
 /// One inode the kernel knows.
 #[derive(Debug)]
 struct Node {
-    /// The storage paths that reach it: the first serves requests, more than one for hard links,
+    /// The storage paths that reach it: one serves requests, more than one for hard links,
     /// none once unlinked (then only its open handles reach it).
-    paths: Vec<PathBuf>,
+    paths: Paths,
+    /// A directory (others have nothing below them to move with a rename).
+    dir: bool,
     /// Kernel lookups not yet forgotten.
     lookups: u64,
     /// The backing file's `(st_dev, st_ino)`, so that hard links share one inode.
@@ -288,7 +336,14 @@ impl Inodes {
         self.next += 1;
         self.nodes.insert(
             ino,
-            Node { paths: vec![rel.to_path_buf()], lookups: 1, key: Some(key), stamp: None, fd: None },
+            Node {
+                paths: Paths::one(rel.to_path_buf()),
+                dir: rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory,
+                lookups: 1,
+                key: Some(key),
+                stamp: None,
+                fd: None,
+            },
         );
         self.by_path.insert(rel.to_path_buf(), ino);
         self.by_key.insert(key, ino);
@@ -317,9 +372,9 @@ impl Inodes {
         if node.fd.is_some() && !node.paths.is_empty() {
             FDS_KEPT.fetch_sub(1, Ordering::Relaxed);
         }
-        for p in node.paths {
-            if self.by_path.get(&p) == Some(&ino) {
-                self.by_path.remove(&p);
+        for p in node.paths.iter() {
+            if self.by_path.get(p) == Some(&ino) {
+                self.by_path.remove(p);
             }
         }
         if let Some(k) = node.key
@@ -354,7 +409,7 @@ impl Inodes {
     fn detach(&mut self, rel: &Path) {
         let Some(ino) = self.by_path.remove(rel) else { return };
         let Some(node) = self.nodes.get_mut(&ino) else { return };
-        node.paths.retain(|p| p != rel);
+        node.paths.remove(rel);
         if node.paths.is_empty() && node.fd.is_some() {
             // Kept for the unlinked file, outside the budget.
             FDS_KEPT.fetch_sub(1, Ordering::Relaxed);
@@ -371,8 +426,17 @@ impl Inodes {
     /// After a rename, `from` and everything below it live at `to`; what `to` named is gone.
     fn moved(&mut self, from: &Path, to: &Path) {
         self.detach(to);
-        let affected: Vec<(PathBuf, u64)> =
-            self.by_path.iter().filter(|(p, _)| p.starts_with(from)).map(|(p, &i)| (p.clone(), i)).collect();
+        // Only a directory has entries below it: a known file's rename moves one path,
+        // whatever else is known.
+        let affected: Vec<(PathBuf, u64)> = match self.by_path.get(from) {
+            Some(&ino) if self.nodes.get(&ino).is_some_and(|n| !n.dir) => vec![(from.to_path_buf(), ino)],
+            _ => self
+                .by_path
+                .iter()
+                .filter(|(p, _)| p.starts_with(from))
+                .map(|(p, &i)| (p.clone(), i))
+                .collect(),
+        };
         for (p, ino) in affected {
             let rest = p.strip_prefix(from).expect("filtered by prefix");
             // `join("")` would add a trailing slash.
@@ -380,9 +444,8 @@ impl Inodes {
             self.by_path.remove(&p);
             self.by_path.insert(new.clone(), ino);
             if let Some(node) = self.nodes.get_mut(&ino) {
-                for q in node.paths.iter_mut().filter(|q| **q == p) {
-                    q.clone_from(&new);
-                }
+                node.paths.remove(&p);
+                node.paths.push(new);
             }
         }
     }
@@ -555,7 +618,14 @@ impl CtxFs {
             next: DYNAMIC_FIRST,
         };
         for (i, d) in LAYOUT.iter().enumerate() {
-            let node = Node { paths: vec![PathBuf::from(d)], lookups: 1, key: None, stamp: None, fd: None };
+            let node = Node {
+                paths: Paths::one(PathBuf::from(d)),
+                dir: true,
+                lookups: 1,
+                key: None,
+                stamp: None,
+                fd: None,
+            };
             inodes.nodes.insert(LAYOUT_FIRST + i as u64, node);
             inodes.by_path.insert(PathBuf::from(d), LAYOUT_FIRST + i as u64);
         }
