@@ -81,7 +81,15 @@ fn main() -> ExitCode {
     if argv.first().and_then(|a| a.rsplit('/').next()).is_some_and(|n| n == "mount.fuse.cortexfs") {
         return report(cmd::mount::helper(&argv[1..]));
     }
-    let cli = Cli::parse();
+    // Usage errors say who is speaking, like every other error, and exit 2.
+    let cli = Cli::try_parse().unwrap_or_else(|e| {
+        if !e.use_stderr() {
+            e.exit();
+        }
+        let shown = e.render().to_string();
+        eprint!("ctx: {}", shown.strip_prefix("error: ").unwrap_or(&shown));
+        std::process::exit(2);
+    });
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

@@ -23,6 +23,10 @@ fn main() -> ExitCode {
             .and_then(|o| o.strip_prefix("tool/").map(str::to_owned))
             .filter(|n| known(n))
     };
+    if by_argv0.is_none() && args.first().is_some_and(|a| a == "--version" || a == "-V") {
+        println!("cortexfs-core {}", env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
+    }
     let name = match by_argv0.or_else(by_env) {
         Some(name) => name,
         None if args.is_empty() || args[0] == "--help" || args[0] == "-h" => {

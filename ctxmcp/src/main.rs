@@ -197,7 +197,15 @@ fn run() -> anyhow::Result<u8> {
     if !name.is_empty() && name != "ctxmcp" {
         return serve(&name, &argv);
     }
-    let cli = Cli::parse();
+    // Usage errors say who is speaking, like every other error, and exit 2.
+    let cli = Cli::try_parse().unwrap_or_else(|e| {
+        if !e.use_stderr() {
+            e.exit();
+        }
+        let shown = e.render().to_string();
+        eprint!("ctxmcp: {}", shown.strip_prefix("error: ").unwrap_or(&shown));
+        std::process::exit(2);
+    });
     match cli.command {
         Cmd::List { server, json } => list(&server, json),
         Cmd::Project { server, runtime_config, out } => project(&server, &runtime_config, &out),

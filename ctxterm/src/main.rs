@@ -61,7 +61,15 @@ fn parse_size(s: &str) -> Result<(u16, u16), String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Usage errors say who is speaking, like every other error, and exit 2.
+    let cli = Cli::try_parse().unwrap_or_else(|e| {
+        if !e.use_stderr() {
+            e.exit();
+        }
+        let shown = e.render().to_string();
+        eprint!("ctxterm: {}", shown.strip_prefix("error: ").unwrap_or(&shown));
+        std::process::exit(2);
+    });
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

@@ -111,6 +111,10 @@ impl Views {
     ) -> Result<PathBuf, String> {
         policy::name::validate(agent).map_err(|e| format!("invalid agent name {agent:?}: {e}"))?;
         policy::name::validate(session).map_err(|e| format!("invalid session name {session:?}: {e}"))?;
+        // A view carries an agent's authority: there must be an agent to carry.
+        if !self.base.storage.join("agent").join(agent).is_file() {
+            return Err(format!("no agent {agent} in {}", self.base.storage.display()));
+        }
         let path = match path {
             Some(p) => {
                 policy::path::check_absolute(p).map_err(|e| format!("view path: {e}"))?;

@@ -617,3 +617,27 @@ fn mount_8_mounts_a_storage_by_type_and_from_an_fstab_line() {
     assert_eq!(o.status.code(), Some(2), "{}", tests::shown(&o));
     assert!(String::from_utf8_lossy(&o.stderr).contains("-o bogus: not an option of cortexfs"));
 }
+
+/// `ctx view create --agent nosuch` made a view of nobody's authority.
+#[test]
+fn a_view_of_an_agent_that_does_not_exist_is_refused() {
+    let s = Served::start();
+    let control = s.control.to_str().unwrap();
+    let out = ctx(&[
+        "view",
+        "create",
+        "--agent",
+        "nosuch",
+        "--path",
+        s.dir.path().join("v").to_str().unwrap(),
+        "--control",
+        control,
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", tests::shown(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no agent nosuch"), "{}", tests::shown(&out));
+    assert!(!is_mounted(&s.dir.path().join("v")));
+}
+
+fn is_mounted(p: &Path) -> bool {
+    fs::read_to_string("/proc/self/mountinfo").unwrap().lines().any(|l| l.split(' ').nth(4) == p.to_str())
+}

@@ -1,6 +1,7 @@
 //! `ctx policy`, `ctx object check` and `ctx validate-name` as users run them.
 
 use std::fs;
+use std::process::Command;
 
 use tests::run;
 
@@ -118,5 +119,50 @@ fn object_check_lists_every_problem() {
     let stdout = text(&out.stdout);
     for field in ["schema", "version", "name", "executable.path", "executable.sha256", "controls"] {
         assert!(stdout.contains(&format!(": {field}: ")), "{field} in {stdout}");
+    }
+}
+
+/// `ctx policy check /dev/zero` grew to 2.7 GB, and `ctx queue ls` of a missing directory
+/// created a queue there.
+#[test]
+fn inputs_are_bounded_and_listing_creates_nothing() {
+    let o = Command::new(tests::bin("ctx")).args(["policy", "check", "/dev/zero"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", tests::shown(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("larger than 65536 bytes"), "{}", tests::shown(&o));
+    let d = tempfile::tempdir().unwrap();
+    let missing = d.path().join("missing");
+    let o = Command::new(tests::bin("ctx")).args(["queue", "ls"]).arg(&missing).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", tests::shown(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no queue there"), "{}", tests::shown(&o));
+    assert!(!missing.exists(), "listing created {}", missing.display());
+}
+
+/// `cortexfs-core --version` exited 2.
+#[test]
+fn every_binary_says_its_version() {
+    for bin in ["ctx", "tsh", "ctxterm", "cortexfs-core", "ctxmcp"] {
+        let o = Command::new(tests::bin(bin)).arg("--version").output().unwrap();
+        assert!(o.status.success(), "{bin}: {}", tests::shown(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains(env!("CARGO_PKG_VERSION")),
+            "{bin}: {}",
+            tests::shown(&o)
+        );
+    }
+}
+
+/// A usage error said `error: ...` (clap's own words) instead of `prog: ...`.
+#[test]
+fn usage_errors_say_which_program_and_exit_2() {
+    for (bin, args) in
+        [("ctx", &["agent", "nosuch"][..]), ("ctxterm", &["--nosuch"][..]), ("ctxmcp", &["--nosuch"][..])]
+    {
+        let o = Command::new(tests::bin(bin)).args(args).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{bin}: {}", tests::shown(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).starts_with(&format!("{bin}: ")),
+            "{bin}: {}",
+            tests::shown(&o)
+        );
     }
 }

@@ -34,8 +34,22 @@ pub enum Cmd {
     },
 }
 
+/// Reads a policy file: a control, so at most [`policy::controls::CONTROL_MAX`] bytes.
 fn read(file: &PathBuf) -> anyhow::Result<Vec<u8>> {
-    std::fs::read(file).map_err(|e| Exit::io(format!("cannot read {}", file.display()), &e).into())
+    use std::io::Read;
+    let max = policy::controls::CONTROL_MAX;
+    let mut bytes = Vec::new();
+    std::fs::File::open(file)
+        .and_then(|f| f.take(max as u64 + 1).read_to_end(&mut bytes))
+        .map_err(|e| Exit::io(format!("cannot read {}", file.display()), &e))?;
+    if bytes.len() > max {
+        return Err(Exit::new(
+            exit::INVALID,
+            format!("{}: larger than {max} bytes, the most a policy holds", file.display()),
+        )
+        .into());
+    }
+    Ok(bytes)
 }
 
 /// Runs the command.

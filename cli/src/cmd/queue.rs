@@ -172,6 +172,10 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             if r.conflicts.is_empty() { Ok(()) } else { Err(Exit::quiet(exit::FAILURE).into()) }
         }
         Cmd::Ls { dir, json } => {
+            // Listing creates nothing: a queue that is not there is an error, not a new queue.
+            if !dir.join("pending").is_dir() {
+                return Err(Exit::new(exit::INVALID, format!("{}: no queue there", dir.display())).into());
+            }
             let l = open(&dir, queue::DEFAULT_LEASE)?.list().map_err(fail)?;
             if json {
                 let problems: Vec<_> =
