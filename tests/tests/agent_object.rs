@@ -3,7 +3,7 @@
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::Output;
+use std::process::{Command, Output};
 
 use policy::controls::{self, ObjectClass, Owner};
 use policy::v0::{Policy, Query};
@@ -299,5 +299,44 @@ fn invalid_input_exits_2_and_writes_nothing() {
     assert!(!s.join("agent/a").exists() && !s.join(format!("agent/{long}")).exists());
     for args in [&["agent", "inspect", "bad/name"][..], &["agent", "rm", "bad/name"]] {
         assert_eq!(ctx(s, args).status.code(), Some(2), "{args:?}");
+    }
+}
+
+/// Granting a tool took two hand-written lines in two files (the agent's policy and the tool's
+/// own); one command writes both, the tool's first, and only once.
+#[test]
+fn grant_writes_both_sides_once() {
+    let d = tempfile::tempdir().unwrap();
+    let s = d.path().join("storage");
+    let st = s.to_str().unwrap();
+    ok(&Command::new(tests::bin("ctx")).args(["bootstrap", st]).output().unwrap());
+    ok(&ctx(&s, &["agent", "new", "coder"]));
+    let said = ok(&ctx(&s, &["agent", "grant", "coder", "tool:fs.read", "execute"]));
+    assert!(said.contains("tool/fs.read.d/policy: added allow coder_t tool:fs.read execute"), "{said}");
+    assert_eq!(
+        fs::read_to_string(s.join("tool/fs.read.d/policy")).unwrap(),
+        "allow coder_t tool:fs.read execute\n"
+    );
+    assert_eq!(
+        fs::read_to_string(s.join("agent/coder.d/policy")).unwrap(),
+        "allow coder_t tool:fs.read execute\n"
+    );
+    let again = ok(&ctx(&s, &["agent", "grant", "coder", "tool:fs.read", "execute"]));
+    assert!(again.contains("already has"), "{again}");
+    assert_eq!(fs::read_to_string(s.join("agent/coder.d/policy")).unwrap().lines().count(), 1);
+    // Not a tool: the agent's side only.
+    ok(&ctx(&s, &["agent", "grant", "coder", "shared:proj", "read"]));
+    assert!(
+        fs::read_to_string(s.join("agent/coder.d/policy"))
+            .unwrap()
+            .ends_with("allow coder_t shared:proj read\n")
+    );
+    for (args, code) in [
+        (&["agent", "grant", "coder", "tool:nosuch", "execute"][..], 1),
+        (&["agent", "grant", "coder", "tool:fs.read", "fly"][..], 2),
+        (&["agent", "grant", "nobody", "tool:fs.read", "execute"][..], 1),
+    ] {
+        let o = ctx(&s, args);
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {}", tests::shown(&o));
     }
 }

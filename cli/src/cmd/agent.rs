@@ -67,6 +67,18 @@ pub enum Cmd {
         #[arg(long)]
         yes: bool,
     },
+    /// Grant agent NAME a permission: `allow LABEL CLASS:OBJECT PERM` in its policy, and for a
+    /// tool in the tool's own policy too (both must agree for the tool to run).
+    Grant {
+        #[command(flatten)]
+        at: At,
+        /// The agent.
+        name: String,
+        /// What: CLASS:NAME, e.g. tool:fs.read, shared:proj, mount:/data.
+        object: String,
+        /// The permission, e.g. execute, read, write.
+        perm: String,
+    },
     /// Start the agent's terminal in a bubblewrap sandbox; returns once it answers.
     Start(StartArgs),
     /// Stop a running agent session: SIGTERM, the grace period, SIGKILL; view and socket removed.
@@ -435,6 +447,12 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Ls { at, json } => ls(&at.source, json),
         Cmd::Inspect { at, name } => inspect(&at.source, &name),
         Cmd::Rm { at, name, yes } => rm(&at.source, &name, yes),
+        Cmd::Grant { at, name, object, perm } => {
+            for line in agents::grant(&at.source, &name, &object, &perm).map_err(exit::launch)? {
+                out::line(line)?;
+            }
+            Ok(())
+        }
         Cmd::Start(a) => {
             let mounts = a
                 .mount

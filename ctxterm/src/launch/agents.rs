@@ -355,6 +355,59 @@ pub fn remove(storage: &Path, name: &str, yes: bool) -> Result<Vec<String>> {
     Ok(out)
 }
 
+/// Grants agent `name` the permission `perm` on `object` (`CLASS:NAME`, e.g. `tool:fs.read`):
+/// one `allow LABEL CLASS:NAME PERM` line in its policy, and for a tool the same line in the
+/// tool's own policy, since a tool runs only when both agree. The tool's side is written first,
+/// so that a failure part way grants nothing; each file is replaced whole. A line already there
+/// is left alone. Returns what was done, a line each.
+pub fn grant(storage: &Path, name: &str, object: &str, perm: &str) -> Result<Vec<String>> {
+    policy::name::validate(name).map_err(|e| invalid(format!("invalid agent name {name:?}: {e}")))?;
+    let dir = agent_dir(storage);
+    if std::fs::symlink_metadata(dir.join(name)).is_err() {
+        return Err(Error::State(format!("no agent/{name} in {}", storage.display())));
+    }
+    let label = String::from_utf8(read_control(&dir.join(format!("{name}.d/label"))).unwrap_or_default())
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    let line = format!("allow {label} {object} {perm}");
+    let rules = policy::v0::parse(line.as_bytes()).map_err(|errs| {
+        let why: Vec<String> = errs.iter().map(ToString::to_string).collect();
+        invalid(format!("{object} {perm}: {}", why.join("; ")))
+    })?;
+    let rule = rules.first().ok_or_else(|| invalid(format!("{object} {perm}: not a rule")))?;
+    let mut files = Vec::new();
+    if rule.class == policy::v0::Class::Tool {
+        let tool = storage.join("tool").join(&*rule.object);
+        if std::fs::symlink_metadata(&tool).is_err() {
+            return Err(Error::State(format!("no tool/{} in {}", rule.object, storage.display())));
+        }
+        files.push(storage.join("tool").join(format!("{}.d/policy", rule.object)));
+    }
+    files.push(dir.join(format!("{name}.d/policy")));
+    let mut said = Vec::new();
+    for f in files {
+        let text = read_control(&f).unwrap_or_default();
+        let shown = f.strip_prefix(storage).unwrap_or(&f).display().to_string();
+        if String::from_utf8_lossy(&text).lines().any(|l| l.trim() == line) {
+            said.push(format!("{shown}: already has {line}"));
+            continue;
+        }
+        let mut new = text;
+        if !new.is_empty() && !new.ends_with(b"\n") {
+            new.push(b'\n');
+        }
+        new.extend_from_slice(format!("{line}\n").as_bytes());
+        if new.len() > controls::CONTROL_MAX {
+            return Err(invalid(format!("{shown}: would be larger than {} bytes", controls::CONTROL_MAX)));
+        }
+        if f.exists() { rewrite(&f, &new) } else { std::fs::write(&f, &new) }
+            .map_err(|source| Error::Control { path: f.clone(), source })?;
+        said.push(format!("{shown}: added {line}"));
+    }
+    Ok(said)
+}
+
 /// Replaces the file `path` whole: a temporary file beside it with the same owner and mode,
 /// synced, renamed over it, the directory synced.
 fn rewrite(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
