@@ -51,6 +51,8 @@ enum Command {
     },
     /// Install the default layout, the core tools and tsh into storage (idempotent).
     Bootstrap(cmd::bootstrap::Args),
+    /// Check what this host needs for CortexFS; each failure says what to do (exit 1).
+    Doctor(cmd::doctor::Args),
     /// Run a safe core CLI (tsh.config); every other tool runs through tsh.
     Tool {
         /// The tool.
@@ -108,6 +110,7 @@ fn main() -> ExitCode {
             ctxterm::launch::terminal::send(&name, &session, &text).map_err(exit::launch)
         }
         Command::Bootstrap(a) => cmd::bootstrap::run(a),
+        Command::Doctor(a) => cmd::doctor::run(a),
         Command::Tool { name, args } => cmd::tool::run(&name, &args),
         Command::ValidateName { name, mcp } => cmd::name::run(&name, mcp),
     };

@@ -1,6 +1,7 @@
 //! `ctx policy`, `ctx object check` and `ctx validate-name` as users run them.
 
 use std::fs;
+use std::path::Path;
 use std::process::Command;
 
 use tests::run;
@@ -165,4 +166,62 @@ fn usage_errors_say_which_program_and_exit_2() {
             tests::shown(&o)
         );
     }
+}
+
+/// `ctx doctor` on a healthy host says so (exit 0), and names each precondition broken here,
+/// with what to do (exit 1).
+#[test]
+fn doctor_reports_each_broken_precondition() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = tests::served::Served::start();
+    let doctor = |storage: &Path, ctx: &Path, control: &Path| {
+        let o = Command::new(tests::bin("ctx"))
+            .args(["doctor", "--json", "--source"])
+            .arg(storage)
+            .arg("--ctx")
+            .arg(ctx)
+            .arg("--control")
+            .arg(control)
+            .output()
+            .unwrap();
+        let v: serde_json::Value =
+            serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", tests::shown(&o)));
+        let failed: Vec<String> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["ok"] == false)
+            .inspect(|c| assert!(c["fix"].is_string(), "a failure says what to do: {c}"))
+            .map(|c| c["name"].as_str().unwrap().to_owned())
+            .collect();
+        (o.status.code(), failed)
+    };
+    let _net = tests::NETWORK.lock().unwrap_or_else(|p| p.into_inner());
+    let (storage, mnt, control) = (s.storage.clone(), s.mnt.clone(), s.control.clone());
+    assert_eq!(doctor(&storage, &mnt, &control), (Some(0), vec![]));
+    let nowhere = s.dir.path().join("nowhere");
+    assert_eq!(doctor(&nowhere, &mnt, &control), (Some(1), vec!["storage".to_owned()]));
+    assert_eq!(doctor(&storage, &mnt, &nowhere), (Some(1), vec!["daemon".to_owned()]));
+    fs::create_dir_all(&nowhere).unwrap();
+    assert_eq!(doctor(&storage, &nowhere, &control), (Some(1), vec!["mount".to_owned()]));
+    // A grant to a label no agent holds.
+    fs::create_dir_all(storage.join("tool/t.d")).unwrap();
+    fs::write(storage.join("tool/t.d/policy"), "allow ghost_t tool:t execute\n").unwrap();
+    assert_eq!(doctor(&storage, &mnt, &control), (Some(1), vec!["labels".to_owned()]));
+    fs::remove_dir_all(storage.join("tool/t.d")).unwrap();
+    // The run state of a supervisor that is gone.
+    let mut gone = Command::new("true").spawn().unwrap();
+    let pid = gone.id();
+    gone.wait().unwrap();
+    let run = Path::new("/run/cortexfs/agent").join(tests::unique("doctor")).join("s");
+    fs::create_dir_all(&run).unwrap();
+    fs::write(run.join("pid"), pid.to_string()).unwrap();
+    assert_eq!(doctor(&storage, &mnt, &control), (Some(1), vec!["runs".to_owned()]));
+    fs::remove_dir_all(run.parent().unwrap()).unwrap();
+    // /dev/net/tun that agents cannot open.
+    let mode = fs::metadata("/dev/net/tun").unwrap().permissions().mode() & 0o7777;
+    fs::set_permissions("/dev/net/tun", fs::Permissions::from_mode(0o600)).unwrap();
+    let broken = doctor(&storage, &mnt, &control);
+    fs::set_permissions("/dev/net/tun", fs::Permissions::from_mode(mode)).unwrap();
+    assert_eq!(broken, (Some(1), vec!["network".to_owned()]));
 }

@@ -2,6 +2,7 @@
 
 pub mod agent;
 pub mod bootstrap;
+pub mod doctor;
 pub mod mount;
 pub mod name;
 pub mod object;

@@ -158,6 +158,24 @@ pub fn lines_naming(storage: &Path, label: &str, except: Option<&Path>) -> Vec<(
     out
 }
 
+/// Every policy line in `storage` whose subject is none of `held`: (file, line number, line).
+pub fn lines_not_held(storage: &Path, held: &[String]) -> Vec<(PathBuf, u32, String)> {
+    let mut out = Vec::new();
+    for f in policy_files(storage) {
+        let Some(text) = read_control(&f) else { continue };
+        let Ok(rules) = policy::v0::parse(&text) else { continue };
+        let lines: Vec<&str> = std::str::from_utf8(&text).unwrap_or("").lines().collect();
+        for r in rules {
+            if !held.iter().any(|h| **h == *r.subject) {
+                let n = r.line;
+                let line = lines.get(n as usize - 1).map_or(String::new(), |l| l.trim().to_owned());
+                out.push((f.clone(), n, line));
+            }
+        }
+    }
+    out
+}
+
 fn shown_lines(storage: &Path, lines: &[(PathBuf, u32, String)]) -> String {
     let shown: Vec<String> = lines
         .iter()

@@ -157,7 +157,7 @@ pub struct Start {
 
 /// Whether pasta can give `uid` a network: pasta installed, `/dev/net/tun` present and open to
 /// that uid (pasta runs as the agent).
-fn network_ready(uid: u32) -> Result<(), String> {
+pub fn network_ready(uid: u32) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
     if !Path::new("/usr/bin/pasta").exists() {
         return Err("/usr/bin/pasta is missing (Debian package passt)".into());

@@ -30,6 +30,7 @@ pub mod agents;
 pub mod binds;
 pub mod cgroups;
 pub mod contract;
+pub mod doctor;
 pub mod profiles;
 pub mod receipt;
 pub mod rundir;
