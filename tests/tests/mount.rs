@@ -641,3 +641,34 @@ fn a_view_of_an_agent_that_does_not_exist_is_refused() {
 fn is_mounted(p: &Path) -> bool {
     fs::read_to_string("/proc/self/mountinfo").unwrap().lines().any(|l| l.split(' ').nth(4) == p.to_str())
 }
+
+/// Under a service manager that asks (systemd's `Type=notify`), the daemon says when /ctx
+/// answers and when it stops.
+#[test]
+fn the_daemon_tells_its_service_manager_when_it_is_ready_and_stopping() {
+    let d = tempfile::tempdir().unwrap();
+    let sock = d.path().join("notify");
+    let manager = std::os::unix::net::UnixDatagram::bind(&sock).unwrap();
+    manager.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let mnt = d.path().join("mnt");
+    let mut daemon = Command::new(tests::bin("ctx"))
+        .args(["mount", "--source"])
+        .arg(d.path().join("storage"))
+        .arg(&mnt)
+        .arg("--control")
+        .arg(d.path().join("control.sock"))
+        .env("NOTIFY_SOCKET", &sock)
+        .spawn()
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let n = manager.recv(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"READY=1");
+    assert!(
+        fs::read_to_string(mnt.join("status")).unwrap().contains("view host"),
+        "ready means /ctx answers"
+    );
+    kill_process(Pid::from_child(&daemon), Signal::TERM).unwrap();
+    let n = manager.recv(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"STOPPING=1");
+    assert!(daemon.wait().unwrap().success());
+}

@@ -88,6 +88,26 @@ fn stop_when_unmounted(mp: PathBuf) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Tells the service manager how the daemon is (`READY=1`, `STOPPING=1`), when it runs under
+/// one that asked (`NOTIFY_SOCKET`, systemd's `Type=notify`); nothing otherwise.
+fn notify(state: &str) {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let Ok(sock) = std::os::unix::net::UnixDatagram::unbound() else { return };
+    let bytes = path.as_encoded_bytes();
+    let sent = match bytes.strip_prefix(b"@") {
+        // An abstract socket.
+        Some(name) => {
+            use std::os::linux::net::SocketAddrExt;
+            std::os::unix::net::SocketAddr::from_abstract_name(name)
+                .and_then(|a| sock.send_to_addr(state.as_bytes(), &a))
+        }
+        None => sock.send_to(state.as_bytes(), Path::new(&path)),
+    };
+    if let Err(e) = sent {
+        tracing::warn!(error = %e, "cannot notify the service manager");
+    }
+}
+
 /// Options `mount(8)` passes that concern the mount table, not the daemon.
 const GENERIC_OPTIONS: &[&str] = &[
     "defaults", "rw", "auto", "noauto", "nofail", "user", "users", "nouser", "_netdev", "relatime", "noatime",
@@ -319,9 +339,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .map_err(|e| Exit::new(exit::INTERNAL, format!("cannot watch the mount table: {e}")))?;
     tracing::info!(storage = %a.source.display(), mountpoint = %mp.display(), threads, "serving /ctx");
     eprintln!("ctx: serving {} at {}", a.source.display(), mp.display());
+    notify("READY=1");
     if let Some(sig) = signals.forever().next() {
         tracing::info!(signal = sig, "stopping");
     }
+    notify("STOPPING=1");
     views.shutdown();
     let _ = std::fs::remove_file(&a.control);
     // Unmounted from outside already (`umount -R`): nothing is left to unmount.
