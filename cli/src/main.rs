@@ -53,6 +53,18 @@ enum Command {
     Bootstrap(cmd::bootstrap::Args),
     /// Check what this host needs for CortexFS; each failure says what to do (exit 1).
     Doctor(cmd::doctor::Args),
+    /// Print where something is under /ctx (a shared space, a tool, an agent, a session).
+    #[command(subcommand)]
+    Path(cmd::path::Kind),
+    /// Print the daemon's status (its `status` file), readably or as JSON.
+    Status {
+        /// The host's /ctx mount.
+        #[arg(long, default_value = "/ctx")]
+        ctx: std::path::PathBuf,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run a safe core CLI (tsh.config); every other tool runs through tsh.
     Tool {
         /// The tool.
@@ -111,6 +123,8 @@ fn main() -> ExitCode {
         }
         Command::Bootstrap(a) => cmd::bootstrap::run(a),
         Command::Doctor(a) => cmd::doctor::run(a),
+        Command::Path(k) => cmd::path::run(k),
+        Command::Status { ctx, json } => cmd::path::status(&ctx, json),
         Command::Tool { name, args } => cmd::tool::run(&name, &args),
         Command::ValidateName { name, mcp } => cmd::name::run(&name, mcp),
     };

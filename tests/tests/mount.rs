@@ -672,3 +672,31 @@ fn the_daemon_tells_its_service_manager_when_it_is_ready_and_stopping() {
     assert_eq!(&buf[..n], b"STOPPING=1");
     assert!(daemon.wait().unwrap().success());
 }
+
+/// `ctx path shared NAME` (as the spec's examples use it) and `ctx status`.
+#[test]
+fn ctx_path_names_places_and_ctx_status_reads_the_daemon() {
+    let s = Served::start();
+    let m = s.mnt.to_str().unwrap();
+    let out = ctx(&["path", "shared", "project-a", "--ctx", m]);
+    assert!(out.status.success(), "{}", tests::shown(&out));
+    let p = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert_eq!(p, format!("{m}/shared/project-a"));
+    fs::create_dir_all(Path::new(&p).join("input")).unwrap();
+    assert!(s.storage.join("shared/project-a/input").is_dir());
+    assert_eq!(ctx(&["path", "shared", "../etc", "--ctx", m]).status.code(), Some(2));
+    let out = ctx(&["status", "--ctx", m, "--json"]);
+    assert!(out.status.success(), "{}", tests::shown(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["storage"], s.storage.to_str().unwrap());
+    assert_eq!(v["view"], "host");
+    assert!(v["requests"].is_u64());
+    let out = ctx(&["status", "--ctx", m]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).lines().any(|l| l.starts_with("storage ")),
+        "{}",
+        tests::shown(&out)
+    );
+    let out = ctx(&["status", "--ctx", s.dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(69), "{}", tests::shown(&out));
+}

@@ -6,6 +6,7 @@ pub mod doctor;
 pub mod mount;
 pub mod name;
 pub mod object;
+pub mod path;
 pub mod policy;
 pub mod queue;
 pub mod session;
