@@ -98,7 +98,20 @@ pub fn run(opts: &Options) -> Result<i32, RunError> {
     let _ = std::fs::remove_file(&opts.socket);
     let listener = UnixListener::bind(&opts.socket)?;
     std::fs::set_permissions(&opts.socket, std::fs::Permissions::from_mode(0o600))?;
-    let first = if opts.wait_client { Some(listener.accept()?.0) } else { None };
+    let state = Arc::new(Mutex::new(State {
+        ring: Ring::new(opts.scrollback),
+        clients: Vec::new(),
+        next: 0,
+        closed: false,
+    }));
+    // The first client, with --wait-client, is registered before the command starts: it gets
+    // all of the output, however much comes before it would otherwise have joined.
+    let first = if opts.wait_client {
+        let (stream, _) = listener.accept()?;
+        join(stream, &state)
+    } else {
+        None
+    };
     let program = opts.command.first().ok_or_else(|| RunError::Spawn(io::Error::other("no command")))?;
     let mut cmd = Command::new(program);
     cmd.args(&opts.command[1..])
@@ -114,12 +127,6 @@ pub fn run(opts: &Options) -> Result<i32, RunError> {
     let pid = rustix::process::Pid::from_child(&child);
 
     let master = File::from(master);
-    let state = Arc::new(Mutex::new(State {
-        ring: Ring::new(opts.scrollback),
-        clients: Vec::new(),
-        next: 0,
-        closed: false,
-    }));
 
     let reader = {
         let (mut m, state) = (master.try_clone()?, Arc::clone(&state));
@@ -128,9 +135,9 @@ pub fn run(opts: &Options) -> Result<i32, RunError> {
     // Held by every client's writer while it runs: the terminal's last output reaches the
     // clients before ctxterm exits.
     let writing = Arc::new(());
-    if let Some(stream) = first {
-        let (m, state, w) = (master.try_clone()?, Arc::clone(&state), Arc::clone(&writing));
-        std::thread::Builder::new().name("client".into()).spawn(move || serve(stream, m, &state, w))?;
+    if let Some(joined) = first {
+        let (m, w) = (master.try_clone()?, Arc::clone(&writing));
+        std::thread::Builder::new().name("client".into()).spawn(move || serve_joined(joined, m, w))?;
     }
     {
         let (m, state, writing) = (master.try_clone()?, Arc::clone(&state), Arc::clone(&writing));
@@ -212,30 +219,51 @@ fn mode(stream: &mut UnixStream) -> io::Result<Mode> {
 /// How long a client may leave its output unread before it is dropped.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 
-fn serve(mut stream: UnixStream, mut master: File, state: &Mutex<State>, writing: Arc<()>) {
-    let m = match mode(&mut stream) {
+/// A client that has said its mode and is registered: from now on it gets every chunk.
+struct Joined {
+    stream: UnixStream,
+    mode: Mode,
+    rx: std::sync::mpsc::Receiver<Arc<[u8]>>,
+    snapshot: Vec<u8>,
+}
+
+/// Reads a client's mode line and registers it; `None` (the client told why) when it cannot be
+/// served.
+fn join(mut stream: UnixStream, state: &Mutex<State>) -> Option<Joined> {
+    let mode = match self::mode(&mut stream) {
         Ok(m) => m,
         Err(e) => {
             let _ = writeln!(stream, "ctxterm: {e}");
-            return;
+            return None;
         }
     };
     let (tx, rx) = sync_channel::<Arc<[u8]>>(CLIENT_QUEUE);
     let snapshot = {
-        let Ok(mut st) = state.lock() else { return };
+        let Ok(mut st) = state.lock() else { return None };
         if st.closed {
             let _ = writeln!(stream, "ctxterm: the terminal has exited");
-            return;
+            return None;
         }
         if st.clients.len() >= MAX_CLIENTS {
             let _ = writeln!(stream, "ctxterm: too many clients ({MAX_CLIENTS})");
-            return;
+            return None;
         }
         let id = st.next;
         st.next += 1;
         st.clients.push((id, tx));
         st.ring.snapshot()
     };
+    Some(Joined { stream, mode, rx, snapshot })
+}
+
+fn serve(stream: UnixStream, master: File, state: &Mutex<State>, writing: Arc<()>) {
+    if let Some(j) = join(stream, state) {
+        serve_joined(j, master, writing);
+    }
+}
+
+fn serve_joined(j: Joined, mut master: File, writing: Arc<()>) {
+    let Joined { mut stream, mode: m, rx, snapshot } = j;
     let Ok(mut out) = stream.try_clone() else { return };
     let _ = out.set_write_timeout(Some(WRITE_TIMEOUT));
     let writer = std::thread::spawn(move || {

@@ -121,17 +121,21 @@ fn a_command_that_cannot_run_is_exit_69() {
 
 #[test]
 fn the_last_output_reaches_a_slow_watcher_before_ctxterm_exits() {
-    // More than a socket buffer holds, printed just before the command exits, to a watcher that
-    // is not reading yet: ctxterm exited with it still queued, and the watcher never saw its end.
+    // More than a socket buffer holds (but well within a client's queue, which a client that
+    // does not keep up overflows and is dropped by design), printed just before the command
+    // exits, to a watcher that is not reading yet: ctxterm exited with it still queued, and the
+    // watcher never saw its end. And the first client of --wait-client joined only after the
+    // command had started, so output from before it joined beyond the scrollback was lost
+    // (seen under load: 355,968 of 400,000 bytes, the end included).
     let d = tempfile::tempdir().unwrap();
     let (mut child, sock) = start(
         d.path(),
-        &["--wait-client", "--", "sh", "-c", "head -c 2000000 /dev/zero | tr '\\0' x; echo; echo END"],
+        &["--wait-client", "--", "sh", "-c", "head -c 400000 /dev/zero | tr '\\0' x; echo; echo END"],
     );
     let mut w = connect(&sock, "watch");
     std::thread::sleep(Duration::from_millis(700));
     let seen = read_until(&mut w, "END");
     assert!(seen.contains("END"), "{} bytes seen, without the end", seen.len());
-    assert!(seen.matches('x').count() >= 2_000_000, "{} of 2000000", seen.matches('x').count());
+    assert!(seen.matches('x').count() >= 400_000, "{} of 400000", seen.matches('x').count());
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }
