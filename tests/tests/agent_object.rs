@@ -324,6 +324,13 @@ fn grant_writes_both_sides_once() {
     let again = ok(&ctx(&s, &["agent", "grant", "coder", "tool:fs.read", "execute"]));
     assert!(again.contains("already has"), "{again}");
     assert_eq!(fs::read_to_string(s.join("agent/coder.d/policy")).unwrap().lines().count(), 1);
+    // `ctx agent new --tool` of an installed tool writes its side too.
+    let said = ok(&ctx(&s, &["agent", "new", "lister", "--tool", "fs.list"]));
+    assert!(said.contains("tool/fs.list.d/policy: added allow lister_t tool:fs.list execute"), "{said}");
+    assert_eq!(
+        fs::read_to_string(s.join("tool/fs.list.d/policy")).unwrap(),
+        "allow lister_t tool:fs.list execute\n"
+    );
     // Not a tool: the agent's side only.
     ok(&ctx(&s, &["agent", "grant", "coder", "shared:proj", "read"]));
     assert!(

@@ -13,6 +13,8 @@
 //!   empty;
 //! - `label` is the name with `.`, `-` and `+` turned into `_`, plus `_t` (`my-bot` ->
 //!   `my_bot_t`);
+//! - each `--tool` of an installed tool is also granted in the tool's own policy, as `ctx agent
+//!   grant` does (not for `--parent`: a child holds only what its parent holds);
 //! - `policy` grants exactly what the flags ask: `tool:T execute` per `--tool`, `model:M use`
 //!   per `--model`, `shared:N read` (and `write`) per `--shared`, and `mount:TARGET read` (and
 //!   `write` for `rw`) per `--mount`, so each mount in the table is also authorized;
@@ -313,6 +315,7 @@ fn new(a: NewArgs) -> anyhow::Result<()> {
                 .map_err(|e| invalid(format!("--mount {source} {target} {mode}: {e}")))?,
         );
     }
+    let (name, tools, child) = (a.name.clone(), a.tools.clone(), a.parent.is_some());
     let new = agent::Spec {
         name: a.name,
         label: a.label,
@@ -327,7 +330,22 @@ fn new(a: NewArgs) -> anyhow::Result<()> {
         owner: 0,
     };
     let done = agents::create(&a.at.source, new).map_err(exit::launch)?;
-    out::line(done)
+    out::line(done)?;
+    // The operator's own agent: each installed tool it is given agrees in its own policy too,
+    // as `ctx agent grant` writes it. (A child's tools are its parent's to hold, not the
+    // tools' to widen: `--parent` leaves tool policies alone.)
+    if !child {
+        for t in tools.iter().filter(|t| a.at.source.join("tool").join(t).is_file()) {
+            for line in
+                agents::grant(&a.at.source, &name, &format!("tool:{t}"), "execute").map_err(exit::launch)?
+            {
+                if !line.contains("already has") {
+                    out::line(line)?;
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn ls(storage: &Path, json: bool) -> anyhow::Result<()> {
