@@ -199,6 +199,12 @@ t agent.start '{{"name":"worker","session":"long","handoff":"count sheep","cmd":
     assert!(list.contains("worker.ok\tworker\tok\tdone"), "{list}");
     assert!(list.contains("worker.bad\tworker\tbad\terror"), "{list}");
     assert!(list.contains("worker.long\tworker\tlong\tcancelled"), "{list}");
+    let json = ctx(&["agent", "children", "chief", "--session", &session, "--ctx", m, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert!(
+        v.as_array().unwrap().iter().any(|c| c["id"] == "worker.long" && c["status"] == "cancelled"),
+        "{v}"
+    );
     let wait = |c: &str| ctx(&["agent", "wait", "chief", c, "--session", &session, "--ctx", m]).status.code();
     assert_eq!((wait("worker.ok"), wait("worker.bad"), wait("worker.long")), (Some(0), Some(1), Some(130)));
     let left = Command::new("pgrep").args(["-f", "sleep 1000"]).output().unwrap();

@@ -146,6 +146,15 @@ fn stop_leaves_nothing_behind_and_two_clients_share_the_terminal() {
         "{}",
         text(&ps)
     );
+    let ps = Command::new(tests::bin("ctx")).args(["agent", "ps", "--json"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&ps.stdout).unwrap();
+    assert!(
+        v.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["agent"] == "coder" && r["session"] == s.as_str() && r["pid"].is_u64()),
+        "{v}"
+    );
 
     let mut watcher = UnixStream::connect(&sock).unwrap();
     watcher.write_all(b"watch\n").unwrap();

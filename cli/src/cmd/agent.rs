@@ -92,7 +92,11 @@ pub enum Cmd {
         session: String,
     },
     /// List running agent sessions: AGENT, SESSION, supervisor PID.
-    Ps,
+    Ps {
+        /// Print a JSON array of {"agent","session","pid"} objects.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show an agent's terminal output (read only).
     Watch {
         /// The agent.
@@ -152,6 +156,9 @@ pub enum Cmd {
         name: String,
         #[command(flatten)]
         at: SessionAt,
+        /// Print a JSON array of {"id","agent","session","status"} objects.
+        #[arg(long)]
+        json: bool,
     },
     /// Wait until a child ends: exit 0 done, 1 error, 130 cancelled.
     Wait {
@@ -510,8 +517,16 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             let code = launch::stop(&name, &session).map_err(exit::launch)?;
             out::line(format_args!("stopped agent {name} session {session} (status {code})"))
         }
-        Cmd::Ps => {
-            for (agent, session, pid) in launch::running() {
+        Cmd::Ps { json } => {
+            let runs = launch::running();
+            if json {
+                let v: Vec<serde_json::Value> = runs
+                    .iter()
+                    .map(|(agent, session, pid)| serde_json::json!({"agent": agent, "session": session, "pid": pid}))
+                    .collect();
+                return out::line(serde_json::Value::Array(v));
+            }
+            for (agent, session, pid) in runs {
                 out::line(format_args!("{agent}\t{session}\t{pid}"))?;
             }
             Ok(())
@@ -529,7 +544,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Output { name, at, rebuild: false } => session::output(&at.ctx, &name, &at.session),
         Cmd::Output { name, at, rebuild: true } => session::rebuild_latest(&at.ctx, &name, &at.session),
         Cmd::Pack { name, at, .. } => session::pack_check(&at.ctx, &name, &at.session),
-        Cmd::Children { name, at } => session::children(&at.ctx, &name, &at.session),
+        Cmd::Children { name, at, json } => session::children(&at.ctx, &name, &at.session, json),
         Cmd::Wait { name, child, at, timeout } => session::wait(&at.ctx, &name, &at.session, &child, timeout),
     }
 }

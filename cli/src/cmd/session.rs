@@ -42,8 +42,17 @@ fn children_of(ctx: &Path, agent: &str, session: &str) -> anyhow::Result<Vec<rec
 }
 
 /// `ctx agent children`: ID, AGENT, SESSION, STATUS.
-pub fn children(ctx: &Path, agent: &str, session: &str) -> anyhow::Result<()> {
-    for c in children_of(ctx, agent, session)? {
+pub fn children(ctx: &Path, agent: &str, session: &str, json: bool) -> anyhow::Result<()> {
+    let all = children_of(ctx, agent, session)?;
+    if json {
+        let v: Vec<serde_json::Value> = all
+            .iter()
+            .map(|c| serde_json::json!({"id": c.id, "agent": c.agent, "session": c.session, "status": c.status}))
+            .collect();
+        println!("{}", serde_json::Value::Array(v));
+        return Ok(());
+    }
+    for c in all {
         println!("{}\t{}\t{}\t{}", c.id, c.agent, c.session, c.status);
     }
     Ok(())
