@@ -67,7 +67,8 @@ impl Served {
             .expect("spawn ctx mount");
         self.child = Some(child);
         let t = Instant::now();
-        while fs::read(self.mnt.join("status")).is_err() {
+        // Up means serving /ctx and listening on its control socket (bound after the mount).
+        while fs::read(self.mnt.join("status")).is_err() || !self.control.exists() {
             assert!(t.elapsed() < Duration::from_secs(10), "ctx mount did not come up");
             std::thread::sleep(Duration::from_millis(20));
         }

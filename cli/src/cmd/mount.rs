@@ -137,10 +137,15 @@ pub fn helper(args: &[String]) -> anyhow::Result<()> {
     }
     let [source, dir] = positional.as_slice() else { return Err(usage().into()) };
     let mut daemon = vec!["mount".to_owned(), "--source".to_owned(), source.clone(), dir.clone()];
+    let mut control = PathBuf::from(server::control::DEFAULT_SOCKET);
     for o in options.iter().filter(|o| !o.is_empty()) {
         let (k, v) = o.split_once('=').map_or((o.as_str(), None), |(k, v)| (k, Some(v)));
         match (k, v) {
-            ("cache_timeout" | "threads" | "control", Some(v)) => {
+            ("control", Some(v)) => {
+                control = PathBuf::from(v);
+                daemon.extend(["--control".to_owned(), v.to_owned()]);
+            }
+            ("cache_timeout" | "threads", Some(v)) => {
                 daemon.push(format!("--{}", k.replace('_', "-")));
                 daemon.push(v.to_owned());
             }
@@ -170,7 +175,8 @@ pub fn helper(args: &[String]) -> anyhow::Result<()> {
         .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("setsid: {e}")))?;
     let t = std::time::Instant::now();
     loop {
-        if is_mount_point(mp) && std::fs::read_to_string(mp.join("status")).is_ok() {
+        // Up: serving the mount and listening on its control socket (bound after the mount).
+        if is_mount_point(mp) && std::fs::read_to_string(mp.join("status")).is_ok() && control.exists() {
             return Ok(());
         }
         if let Some(st) = child.try_wait()? {
