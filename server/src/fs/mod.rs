@@ -267,8 +267,25 @@ fn data_xattr(name: &[u8]) -> io::Result<()> {
 }
 
 /// The magic link through which a path descriptor's inode takes xattr calls.
-fn proc_fd(fd: &OwnedFd) -> PathBuf {
+fn proc_fd(fd: &Backing) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+/// A data inode's backing file, for its extended attributes: the one kept open for the inode
+/// when there is one (the kernel asks for `security.capability` before every write), else one
+/// opened for the call.
+enum Backing {
+    Kept(Arc<File>),
+    Opened(OwnedFd),
+}
+
+impl AsRawFd for Backing {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        match self {
+            Backing::Kept(f) => f.as_raw_fd(),
+            Backing::Opened(fd) => fd.as_raw_fd(),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -532,10 +549,11 @@ impl CtxFs {
         })
     }
 
-    /// A data file's backing inode, for its extended attributes: opened as a path (a FIFO
-    /// or a device is never opened for I/O) beneath the storage root; `None` for anything
-    /// that is not data (objects, controls, logs, the synthesized tree).
-    fn data_inode(&self, ino: u64) -> io::Result<Option<(PathBuf, OwnedFd)>> {
+    /// A data file's backing inode, for its extended attributes: the file kept open for the
+    /// inode, else opened as a path (a FIFO or a device is never opened for I/O) beneath the
+    /// storage root; `None` for anything that is not data (objects, controls, logs, the
+    /// synthesized tree).
+    fn data_inode(&self, ino: u64) -> io::Result<Option<(PathBuf, Backing)>> {
         if ino < LAYOUT_FIRST {
             return Ok(None);
         }
@@ -546,8 +564,11 @@ impl CtxFs {
         if !self.permitted(&rel) {
             return Err(err(libc::ENOENT));
         }
+        if let Some((f, _)) = lock(&self.inodes).cached_fd(ino) {
+            return Ok(Some((rel, Backing::Kept(f))));
+        }
         let fd = self.storage.open_rel(&rel, rustix::fs::OFlags::PATH, 0)?;
-        Ok(Some((rel, fd)))
+        Ok(Some((rel, Backing::Opened(fd))))
     }
 
     /// Entry and attribute timeout for a storage path. In an agent view, zero unless its
