@@ -11,6 +11,8 @@ all: build
 
 build:
 	$(CARGO) build --workspace --bins
+	$(CTX) generate man target/man
+	$(CTX) generate completions target/completions
 
 demo:
 	@scripts/install-deps demo
@@ -24,6 +26,7 @@ test:
 	@CARGO="$(CARGO)" scripts/install-test-tools
 	$(CARGO) fmt --all -- --check
 	@CARGO="$(CARGO)" scripts/layers
+	$(CARGO) fetch --quiet
 	$(CARGO) deny --offline --log-level error check bans licenses sources
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --quiet

@@ -33,6 +33,13 @@ enum Command {
     /// Check and install objects.
     #[command(subcommand)]
     Object(cmd::object::Cmd),
+    /// Install a package (a directory with cortexfs.toml): its tools and agents, all or nothing.
+    ///
+    /// Every file is checked before anything is written; the objects are published through the
+    /// object store; if one fails, the ones already published are removed again. Changes no other object's policy.
+    Install(cmd::package::InstallArgs),
+    /// Remove an installed package's objects (those not replaced since). Shows the plan unless --yes.
+    Uninstall(cmd::package::UninstallArgs),
     /// Publish, claim, finish and recover jobs of a file-native queue.
     #[command(subcommand)]
     Queue(cmd::queue::Cmd),
@@ -51,6 +58,11 @@ enum Command {
     },
     /// Install the default layout, the core tools and tsh into storage (idempotent).
     Bootstrap(cmd::bootstrap::Args),
+    /// Read a manual: the installed copy under /ctx/shared/cortexfs-docs, else the built-in one.
+    Man(cmd::man::Args),
+    /// Write man pages or shell completions of ctx (for packaging; `make` runs it).
+    #[command(hide = true)]
+    Generate(cmd::generate::Args),
     /// Check what this host needs for CortexFS; each failure says what to do (exit 1).
     Doctor(cmd::doctor::Args),
     /// Print where something is under /ctx (a shared space, a tool, an agent, a session).
@@ -116,6 +128,8 @@ fn main() -> ExitCode {
         Command::Policy(c) => cmd::policy::run(c),
         Command::Agent(c) => cmd::agent::run(c),
         Command::Object(c) => cmd::object::run(c),
+        Command::Install(a) => cmd::package::install(a),
+        Command::Uninstall(a) => cmd::package::uninstall(a),
         Command::Queue(c) => cmd::queue::run(c),
         Command::View(c) => cmd::view::run(c),
         Command::Send { name, session, text } => {
@@ -123,6 +137,8 @@ fn main() -> ExitCode {
         }
         Command::Bootstrap(a) => cmd::bootstrap::run(a),
         Command::Doctor(a) => cmd::doctor::run(a),
+        Command::Man(a) => cmd::man::run(a),
+        Command::Generate(a) => cmd::generate::run(a, <Cli as clap::CommandFactory>::command()),
         Command::Path(k) => cmd::path::run(k),
         Command::Status { ctx, json } => cmd::path::status(&ctx, json),
         Command::Tool { name, args } => cmd::tool::run(&name, &args),

@@ -1,5 +1,5 @@
 //! Bootstrap: the default layout, the core tools and tsh, installed into a storage through the
-//! object store (`ctx bootstrap`).
+//! object store (`ctx bootstrap`), and the manuals ([`crate::docs`]) in `shared/cortexfs-docs/`.
 //!
 //! Each core tool is an object whose executable is the multi-call `cortexfs-core`; `tool/tsh`
 //! is tsh itself, with its `config`. Every object is staged with a generated
@@ -176,6 +176,20 @@ pub fn run(storage: &Path, bin: &Path, mode: Mode) -> Result<(Vec<String>, bool)
     })();
     let _ = std::fs::remove_dir_all(&stage);
     result?;
+    // The manuals, in the shared space everyone may read.
+    let docs = storage.join("shared").join(crate::docs::SPACE);
+    let drift = crate::docs::plan(&docs);
+    for d in &drift {
+        said.push(match (mode, d) {
+            (Mode::Check, _) => format!("docs: {d}"),
+            (_, crate::docs::Drift::Stale(n)) => format!("docs: remove stale man/{n}"),
+            (_, crate::docs::Drift::Missing(p)) => format!("docs: install {}", p.installed().display()),
+            (_, crate::docs::Drift::Outdated(p)) => format!("docs: update {}", p.installed().display()),
+        });
+    }
+    if mode == Mode::Apply && !drift.is_empty() {
+        crate::docs::apply(&docs, &drift).map_err(|e| ringfs::Error::io("install manuals in", &docs, e))?;
+    }
     let changed = !said.is_empty();
     Ok((said, changed))
 }

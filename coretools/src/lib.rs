@@ -18,6 +18,7 @@
 
 pub mod agent;
 pub mod bootstrap;
+pub mod docs;
 mod fs;
 mod input;
 mod shell;

@@ -16,6 +16,7 @@ mod many_agents;
 mod mcp;
 mod mount;
 mod object_install;
+mod package;
 mod policy_cli;
 mod posix;
 mod queue_race;

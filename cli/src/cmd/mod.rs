@@ -3,9 +3,12 @@
 pub mod agent;
 pub mod bootstrap;
 pub mod doctor;
+pub mod generate;
+pub mod man;
 pub mod mount;
 pub mod name;
 pub mod object;
+pub mod package;
 pub mod path;
 pub mod policy;
 pub mod queue;

@@ -112,7 +112,7 @@ fn parse_object(s: &str) -> Result<(ObjectClass, &str), Exit> {
 }
 
 /// Maps a storage error to an exit.
-fn fail(e: ringfs::Error) -> Exit {
+pub(crate) fn fail(e: ringfs::Error) -> Exit {
     let code = match &e {
         ringfs::Error::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
             exit::DENIED

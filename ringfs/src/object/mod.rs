@@ -10,6 +10,7 @@
 //!
 //! [`publish`] installs, replaces, rolls back and uninstalls checked objects.
 
+pub mod package;
 pub mod publish;
 
 use std::fs;
@@ -39,7 +40,7 @@ fn problem(field: impl Into<String>, message: impl Into<String>) -> Problem {
 }
 
 /// Reads a file named by a manifest, refusing symlinks on the way and non-regular files.
-fn read_ref(base: &Path, rel: &str) -> Result<(Vec<u8>, u32), String> {
+pub(crate) fn read_ref(base: &Path, rel: &str) -> Result<(Vec<u8>, u32), String> {
     let mut at = base.to_path_buf();
     for c in Path::new(rel).components() {
         let Component::Normal(part) = c else {

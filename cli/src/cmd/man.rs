@@ -1,0 +1,64 @@
+//! `ctx man [TOPIC]`: the manuals, read from `/ctx/shared/cortexfs-docs/` where `ctx bootstrap`
+//! installed them, or from the copy built into this binary when they are not there.
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use coretools::docs::{self, PAGES};
+
+use crate::exit::{self, Exit};
+use crate::out;
+
+/// The most bytes of an installed page read.
+const MAX_PAGE: u64 = 1 << 20;
+
+/// Arguments of `ctx man`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The topic (or an alias: agent, tool, model, session, policy, queue...); none lists them.
+    topic: Option<String>,
+    /// The host's /ctx mount, where the installed manuals are read.
+    #[arg(long, default_value = "/ctx")]
+    ctx: PathBuf,
+    /// Read the copy built into this binary, not the installed one.
+    #[arg(long)]
+    builtin: bool,
+}
+
+fn installed(a: &Args, page: &docs::Page) -> Option<String> {
+    let p = a.ctx.join("shared").join(docs::SPACE).join(page.installed());
+    let f = std::fs::File::open(p).ok()?;
+    let mut text = String::new();
+    f.take(MAX_PAGE).read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
+/// Runs `ctx man`.
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let Some(topic) = &a.topic else {
+        for p in PAGES {
+            let title = p.text.lines().next().unwrap_or("").trim_start_matches("# ");
+            let aliases =
+                if p.aliases.is_empty() { String::new() } else { format!(" ({})", p.aliases.join(", ")) };
+            out::line(format_args!("{:<16} {title}{aliases}", p.topic))?;
+        }
+        return Ok(());
+    };
+    let page = docs::find(topic).ok_or_else(|| {
+        let topics: Vec<&str> = PAGES.iter().map(|p| p.topic).collect();
+        Exit::new(exit::INVALID, format!("no manual for {topic:?}: the topics are {}", topics.join(" ")))
+    })?;
+    let text = match (a.builtin, installed(&a, page)) {
+        (false, Some(t)) => {
+            if t != page.text {
+                eprintln!(
+                    "ctx: note: the installed {} differs from this ctx's copy (ctx bootstrap --check; ctx man --builtin)",
+                    page.installed().display()
+                );
+            }
+            t
+        }
+        _ => page.text.to_owned(),
+    };
+    out::line(text.trim_end())
+}

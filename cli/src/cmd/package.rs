@@ -1,0 +1,108 @@
+//! `ctx install DIR` and `ctx uninstall NAME`: packages (a directory with `cortexfs.toml`)
+//! installed through the object store, all or nothing; see `ringfs::object::package`.
+
+use std::path::PathBuf;
+
+use clap::ValueEnum;
+use ringfs::object::package;
+use ringfs::object::publish::Tier;
+
+use crate::cmd::object::{DEFAULT_STORAGE, fail};
+use crate::exit::{self, Exit};
+use crate::out;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum TierArg {
+    System,
+    User,
+}
+
+/// Arguments of `ctx install`.
+#[derive(Debug, clap::Args)]
+pub struct InstallArgs {
+    /// The package directory (holding cortexfs.toml).
+    #[arg(required_unless_present = "list")]
+    package: Option<PathBuf>,
+    /// The storage directory.
+    #[arg(long, default_value = DEFAULT_STORAGE)]
+    source: PathBuf,
+    /// system: <storage>/<class>/; user: <storage>/home/<uid>/tool/ (packages of tools only).
+    #[arg(long, value_enum, default_value_t = TierArg::System)]
+    tier: TierArg,
+    /// The user of the user tier (default: the caller).
+    #[arg(long, requires = "tier")]
+    uid: Option<u32>,
+    /// Check the package and say what would be installed; write nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// List the packages installed in the storage instead.
+    #[arg(long, conflicts_with_all = ["dry_run", "uid"])]
+    list: bool,
+}
+
+/// Arguments of `ctx uninstall`.
+#[derive(Debug, clap::Args)]
+pub struct UninstallArgs {
+    /// The package's name.
+    name: String,
+    /// The storage directory.
+    #[arg(long, default_value = DEFAULT_STORAGE)]
+    source: PathBuf,
+    /// Do it (without this, only print the plan).
+    #[arg(long)]
+    yes: bool,
+}
+
+/// Runs `ctx install`.
+pub fn install(a: InstallArgs) -> anyhow::Result<()> {
+    if a.list {
+        for r in package::list(&a.source).map_err(fail)? {
+            let tier = r.uid.map_or("system".to_owned(), |u| format!("user {u}"));
+            let objects: Vec<String> = r.objects.iter().map(|o| format!("{}/{}", o.class, o.name)).collect();
+            out::line(format_args!("{} {} {} ({tier}): {}", r.name, r.version, r.state, objects.join(" ")))?;
+        }
+        return Ok(());
+    }
+    let tier = match a.tier {
+        TierArg::System if a.uid.is_some() => {
+            return Err(Exit::new(exit::INVALID, "--uid goes with --tier user").into());
+        }
+        TierArg::System => Tier::System,
+        TierArg::User => Tier::User { uid: a.uid.unwrap_or_else(|| rustix::process::getuid().as_raw()) },
+    };
+    let Some(dir) = &a.package else {
+        return Err(Exit::new(exit::INVALID, "no package directory given").into());
+    };
+    let shown = dir.display();
+    let pkg = package::check(dir).map_err(|problems| {
+        for p in &problems {
+            let _ = if p.field.is_empty() {
+                out::line(format_args!("{shown}: {}", p.message))
+            } else {
+                out::line(format_args!("{shown}: {}: {}", p.field, p.message))
+            };
+        }
+        Exit::new(exit::INVALID, format!("{shown}: {} problem(s); nothing was written", problems.len()))
+    })?;
+    let steps = package::install(&a.source, &pkg, tier, a.dry_run).map_err(fail)?;
+    for s in &steps {
+        out::line(format_args!("{}{s}", if a.dry_run { "would " } else { "" }))?;
+    }
+    if a.dry_run {
+        out::line(format_args!("dry run: package {} {} checks out; nothing written", pkg.name, pkg.version))
+    } else {
+        out::line(format_args!("installed package {} {}", pkg.name, pkg.version))
+    }
+}
+
+/// Runs `ctx uninstall`.
+pub fn uninstall(a: UninstallArgs) -> anyhow::Result<()> {
+    let steps = package::uninstall(&a.source, &a.name, !a.yes).map_err(fail)?;
+    for s in &steps {
+        out::line(format_args!("{}{s}", if a.yes { "" } else { "would " }))?;
+    }
+    if !a.yes {
+        out::line("dry run: nothing changed; re-run with --yes to do it")?;
+    }
+    Ok(())
+}
