@@ -113,6 +113,7 @@ fn enospc_during_install_leaves_no_object() {
     let pkg = tempfile::tempdir().unwrap();
     let m = hello_package(pkg.path(), 2 << 20);
     let storage = fs_.path().join("storage");
+    fs::create_dir(&storage).unwrap();
     let out = ctx(&["object", "install", "--source", storage.to_str().unwrap(), m.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -130,6 +131,7 @@ fn erofs_is_a_clear_error() {
     log.append(b"{\"a\":1}\n").unwrap();
     log.close().unwrap();
     Queue::open(fs_.path().join("queue"), DEFAULT_LEASE).unwrap();
+    fs::create_dir(fs_.path().join("s")).unwrap();
     fs_.remount("ro");
     let err = AppendLog::open(&p, Options::default()).unwrap_err().to_string();
     assert!(err.contains("Read-only file system"), "{err}");

@@ -555,6 +555,12 @@ fn check_object_cut(
 
 /// Runs `op` on fresh storage prepared by `prepare`, with the power cut after each sync in turn,
 /// until it completes uncut; prints what the cuts left and returns the broken cut points.
+/// Creates the directory `d` (a storage) and syncs its parent, so no cut takes it away.
+fn durable_dir(d: &Path) {
+    fs::create_dir_all(d).unwrap();
+    fs::File::open(d.parent().unwrap()).unwrap().sync_all().unwrap();
+}
+
 fn object_op_cut_at_every_sync(
     mnt: &PowerlossMount,
     op: ObjectOp,
@@ -664,8 +670,8 @@ fn object_install_cut_at_every_sync_is_absent_or_complete() {
     let pkg = package(pkgdir.path(), "hello", "1.0.0", 3000);
     let dead = dead_pid();
     let scenarios = [
-        // From nothing: even the storage and class directories are created under the cut.
-        object_op_cut_at_every_sync(&mnt, ObjectOp::Install, "empty", &pkg, |_| {}),
+        // From an empty storage: even the class directories are created under the cut.
+        object_op_cut_at_every_sync(&mnt, ObjectOp::Install, "empty", &pkg, durable_dir),
         // Over the residue of an interrupted install, which it clears first.
         object_op_cut_at_every_sync(&mnt, ObjectOp::Install, "residue", &pkg, |s| {
             interrupted_install(&mnt, s, dead)
@@ -680,6 +686,7 @@ fn object_uninstall_cut_at_every_sync_is_absent_or_complete() {
     let pkgdir = tempfile::tempdir().unwrap();
     let pkg = package(pkgdir.path(), "hello", "1.0.0", 3000);
     let installed = |storage: &Path| {
+        durable_dir(storage);
         let out = ObjectOp::Install.run(storage.to_str().unwrap(), &pkg);
         assert_eq!(out.status.code(), Some(0), "install: {}", text(&out.stderr));
     };

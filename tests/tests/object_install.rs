@@ -19,6 +19,7 @@ fn text(b: &[u8]) -> String {
 fn install_replace_rollback_uninstall() {
     let d = tempfile::tempdir().unwrap();
     let s = d.path().join("storage");
+    fs::create_dir(&s).unwrap();
     let src = s.to_str().unwrap();
     let v1 = package(&d.path().join("v1"), "hello", "1.0.0", 0).manifest;
     let v2 = package(&d.path().join("v2"), "hello", "2.0.0", 0).manifest;
@@ -90,6 +91,7 @@ fn bad_manifests_write_nothing() {
 fn installs_killed_at_random_moments_are_absent_or_complete() {
     let d = tempfile::tempdir_in("/var/tmp").unwrap();
     let s = d.path().join("storage");
+    fs::create_dir(&s).unwrap();
     // A 4 MiB executable makes staging take long enough for kills to land at every step.
     let pkg = package(&d.path().join("pkg"), "big", "1.0.0", 4 << 20);
     let m = &pkg.manifest;

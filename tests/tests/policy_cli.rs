@@ -224,4 +224,76 @@ fn doctor_reports_each_broken_precondition() {
     let broken = doctor(&storage, &mnt, &control);
     fs::set_permissions("/dev/net/tun", fs::Permissions::from_mode(mode)).unwrap();
     assert_eq!(broken, (Some(1), vec!["network".to_owned()]));
+    drop(_net);
+
+    // The rest are broken for one doctor only, in a mount namespace of its own (other tests'
+    // sandboxes and daemons keep the host's).
+    let alone = |setup: &str| {
+        let script = format!(
+            "mount --make-rprivate / && {setup} && exec \"$0\" doctor --json --source \"$1\" --ctx \"$2\" --control \"$3\""
+        );
+        let o = Command::new("unshare")
+            .args(["-m", "--", "/bin/sh", "-c", &script])
+            .arg(tests::bin("ctx"))
+            .args([&storage, &mnt, &control])
+            .output()
+            .unwrap();
+        let v: serde_json::Value =
+            serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{setup}: {}", tests::shown(&o)));
+        let failed: Vec<String> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["ok"] == false)
+            .map(|c| c["name"].as_str().unwrap().to_owned())
+            .collect();
+        (o.status.code(), failed)
+    };
+    // No bubblewrap (nor pasta: both live in /usr/bin).
+    let (code, failed) = alone("mount -t tmpfs none /usr/bin");
+    assert_eq!(code, Some(1));
+    assert!(failed.contains(&"sandboxes".to_owned()), "{failed:?}");
+    // No cgroup controllers.
+    assert_eq!(alone("umount -R /sys/fs/cgroup"), (Some(1), vec!["ceilings".to_owned()]));
+    // A view whose daemon was killed.
+    let view = Path::new(policy::runtime::VIEW_ROOT).join(tests::unique("doctor-dead"));
+    let dead = format!(
+        "mkdir -p {v} && {{ \"$0\" mount --source {st} {v} --control {v}.sock >/dev/null 2>&1 & }} && \
+         for i in $(seq 100); do [ -e {v}/status ] && break; sleep 0.05; done && kill -9 $! && sleep 0.2",
+        v = view.display(),
+        st = s.dir.path().join("dead-storage").display(),
+    );
+    let broken = alone(&dead);
+    let _ = fs::remove_dir(&view);
+    let _ = fs::remove_file(view.with_extension("sock"));
+    assert_eq!(broken, (Some(1), vec!["views".to_owned()]));
+}
+
+/// `ctx object install --source /nonexistent` made a new storage there, and a relative storage
+/// that did not exist failed with an empty path in its message.
+#[test]
+fn installs_never_create_a_storage() {
+    let d = tempfile::tempdir().unwrap();
+    let hello = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/objects/hello/hello.manifest.json");
+    let package = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/package");
+    for args in [&["object", "install", "--source"][..], &["install", "--source"][..]] {
+        for missing in [d.path().join("missing"), "relative-missing".into()] {
+            let what = if args[0] == "object" { &hello } else { &package };
+            let o = Command::new(tests::bin("ctx"))
+                .current_dir(d.path())
+                .args(args)
+                .arg(&missing)
+                .arg(what)
+                .output()
+                .unwrap();
+            assert_eq!(o.status.code(), Some(2), "{args:?} {}", tests::shown(&o));
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(
+                err.contains(&format!("{}: no such storage directory", missing.display())),
+                "{}",
+                tests::shown(&o)
+            );
+            assert!(!d.path().join(&missing).exists(), "{} was created", missing.display());
+        }
+    }
 }

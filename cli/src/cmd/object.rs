@@ -117,7 +117,7 @@ pub(crate) fn fail(e: ringfs::Error) -> Exit {
         ringfs::Error::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
             exit::DENIED
         }
-        ringfs::Error::Invalid(_) => exit::INVALID,
+        ringfs::Error::Invalid(_) | ringfs::Error::NoStorage { .. } => exit::INVALID,
         _ => exit::FAILURE,
     };
     Exit::new(code, e.to_string())

@@ -275,6 +275,7 @@ fn class_of(s: &str) -> Result<ObjectClass> {
 /// Installs `pkg` into `storage`, all or nothing. With `dry_run`, only checks that every name is
 /// free and returns the steps.
 pub fn install(storage: &Path, pkg: &CheckedPackage, tier: Tier, dry_run: bool) -> Result<Vec<Step>> {
+    publish::existing(storage)?;
     let rec_path = record_path(storage, &pkg.name)?;
     if rec_path.exists() {
         let r = record(storage, &pkg.name)?;
@@ -459,6 +460,7 @@ executable = "bin/agent"
         let d = tempfile::tempdir().unwrap();
         let (src, st) = (d.path().join("pkg"), d.path().join("storage"));
         package(&src);
+        fs::create_dir(&st).unwrap();
         let p = check(&src).unwrap();
         assert_eq!(p.objects.len(), 3);
         let plan = install(&st, &p, Tier::System, true).unwrap();
@@ -482,6 +484,7 @@ executable = "bin/agent"
         let d = tempfile::tempdir().unwrap();
         let (src, st) = (d.path().join("pkg"), d.path().join("storage"));
         package(&src);
+        fs::create_dir(&st).unwrap();
         exec(&st.join("tool/kit.b"), b"other");
         let e = install(&st, &check(&src).unwrap(), Tier::System, false).unwrap_err();
         assert!(e.to_string().contains("tool/kit.b"), "{e}");
@@ -505,6 +508,7 @@ executable = "bin/agent"
         let d = tempfile::tempdir().unwrap();
         let (src, st) = (d.path().join("pkg"), d.path().join("storage"));
         package(&src);
+        fs::create_dir(&st).unwrap();
         install(&st, &check(&src).unwrap(), Tier::System, false).unwrap();
         fs::write(st.join("tool/kit.b"), b"#!/bin/sh\necho replaced\n").unwrap();
         let steps = uninstall(&st, "kit", false).unwrap();

@@ -47,6 +47,11 @@ pub const STAGE_PREFIX: &str = ".cortexfs-stage.";
 pub const PREV_PREFIX: &str = ".cortexfs-prev.";
 const TRASH_PREFIX: &str = ".cortexfs-trash.";
 
+/// Refuses a storage that does not exist: installs create class directories, never a storage.
+pub fn existing(storage: &Path) -> Result<()> {
+    if storage.is_dir() { Ok(()) } else { Err(Error::NoStorage { path: storage.to_path_buf() }) }
+}
+
 /// The directory objects of `class` live in, for `tier`.
 pub fn class_dir(storage: &Path, class: ObjectClass, tier: Tier) -> Result<PathBuf> {
     match (class, tier) {
@@ -92,7 +97,7 @@ fn ensure_dir(path: &Path) -> Result<()> {
     if path.is_dir() {
         return Ok(());
     }
-    if let Some(parent) = path.parent() {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         ensure_dir(parent)?;
     }
     match fs::create_dir(path) {
@@ -100,7 +105,11 @@ fn ensure_dir(path: &Path) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
         Err(e) => return Err(Error::io("create directory", path, e)),
     }
-    let parent = path.parent().unwrap_or(Path::new("/"));
+    let parent = match path.parent() {
+        Some(p) if p.as_os_str().is_empty() => Path::new("."),
+        Some(p) => p,
+        None => Path::new("/"),
+    };
     sync(&open_dir(parent)?, parent)
 }
 
@@ -232,6 +241,7 @@ pub struct Installed {
 /// Installs a checked object. The name must be absent (an orphan `<name>.d/` left by an
 /// interrupted install or uninstall is residue and is cleared first).
 pub fn install(storage: &Path, checked: &Checked, tier: Tier) -> Result<Installed> {
+    existing(storage)?;
     let class = checked.manifest.class;
     let name = checked.manifest.name.as_str();
     let dir = class_dir(storage, class, tier)?;
@@ -655,6 +665,9 @@ mod tests {
         let storage = d.path().join("storage");
         let m = package(&d.path().join("pkg"), "hello", "1.0.0", "one");
         let checked = super::super::check(&m).unwrap();
+        assert!(matches!(install(&storage, &checked, Tier::System), Err(Error::NoStorage { .. })));
+        assert!(!storage.exists(), "an install never creates a storage");
+        fs::create_dir(&storage).unwrap();
         let done = install(&storage, &checked, Tier::System).unwrap();
         assert_eq!(done.path, storage.join("tool/hello"));
         let mode = fs::metadata(&done.path).unwrap().permissions().mode();
@@ -701,6 +714,7 @@ mod tests {
     fn replace_and_rollback() {
         let d = tempfile::tempdir().unwrap();
         let storage = d.path().join("storage");
+        fs::create_dir(&storage).unwrap();
         let v1 = super::super::check(&package(&d.path().join("v1"), "hello", "1.0.0", "one")).unwrap();
         let v2 = super::super::check(&package(&d.path().join("v2"), "hello", "2.0.0", "two")).unwrap();
         assert!(replace(&storage, &v2, Tier::System, false).is_err());
