@@ -415,7 +415,13 @@ impl Queue {
         let mut s = Vec::new();
         match File::open(&p) {
             // A lease record is a few dozen bytes; anything longer is not one.
-            Ok(f) => f.take(4096).read_to_end(&mut s).map_err(|e| Error::io("read", &p, e))?,
+            Ok(f) => match f.take(4096).read_to_end(&mut s) {
+                Ok(_) => {}
+                // Released between the open and the read, and this filesystem reaches files by
+                // name (a FUSE mount whose opens send nothing, NFS): as good as no lease.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(Error::io("read", &p, e)),
+            },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(Error::io("open", &p, e)),
         };
@@ -572,16 +578,7 @@ impl Queue {
                 continue;
             }
             // Fence: rename the claim directory away before touching the request.
-            let fenced = format!(".fenced.{n}.{}", now_ms());
-            rustix::fs::renameat_with(
-                &self.dirs[CLAIMED],
-                n.as_str(),
-                &self.dirs[CLAIMED],
-                fenced.as_str(),
-                RenameFlags::NOREPLACE,
-            )
-            .map_err(errno("fence", claim_path.clone()))?;
-            self.sync_dir(CLAIMED)?;
+            let Some(fenced) = self.fence(&n)? else { continue };
             self.settle_fenced(&fenced, &n, policy, &mut r)?;
         }
         // Leases without a claim: the job committed or was recovered; drop them when unlocked.
@@ -603,7 +600,8 @@ impl Queue {
             if locked || age.is_none_or(|a| a < self.lease) {
                 continue;
             }
-            let ldir = open_dir_at(&self.dirs[LEASE], &n, &lease_dir.join(&n))?;
+            // Gone meanwhile: its worker released it.
+            let Ok(ldir) = open_dir_at(&self.dirs[LEASE], &n, &lease_dir.join(&n)) else { continue };
             let _ = rustix::fs::unlinkat(&ldir, "worker", AtFlags::empty());
             let _ = rustix::fs::unlinkat(&self.dirs[LEASE], n.as_str(), AtFlags::REMOVEDIR);
             self.sync_dir(LEASE)?;
@@ -612,9 +610,33 @@ impl Queue {
         Ok(r)
     }
 
-    /// A committed job whose claim directory and lease were left behind.
+    /// Renames the claim directory of `job` away (the fence); `None` when it is gone already (its
+    /// worker finished and released it since the listing: nothing to recover).
+    fn fence(&self, job: &str) -> Result<Option<String>> {
+        let fenced = format!(".fenced.{job}.{}", now_ms());
+        match rustix::fs::renameat_with(
+            &self.dirs[CLAIMED],
+            job,
+            &self.dirs[CLAIMED],
+            fenced.as_str(),
+            RenameFlags::NOREPLACE,
+        ) {
+            Ok(()) => {}
+            Err(Errno::NOENT) => return Ok(None),
+            Err(e) => return Err(Error::io("fence", self.path(CLAIMED, job), e.into())),
+        }
+        self.sync_dir(CLAIMED)?;
+        Ok(Some(fenced))
+    }
+
+    /// A committed job whose claim directory and lease were left behind (or whose worker is
+    /// releasing them right now: a directory gone meanwhile is no error).
     fn reconcile_committed(&self, job: &str, r: &mut Recovered) -> Result<()> {
-        let claim = open_dir_at(&self.dirs[CLAIMED], job, &self.path(CLAIMED, job))?;
+        let claim = match open_dir_at(&self.dirs[CLAIMED], job, &self.path(CLAIMED, job)) {
+            Ok(fd) => fd,
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
         let result = format!("{job}.result");
         let dest = [DONE, FAILED]
             .into_iter()
@@ -891,5 +913,17 @@ mod tests {
         for d in ["lease", "claimed", "pending"] {
             assert_eq!(fs::read_dir(root.join(d)).unwrap().count(), 0, "{d} empty");
         }
+    }
+
+    /// Seen through `/ctx` with a short lease: a worker released its claim between recovery's
+    /// listing and its look at the claim, and `recover` failed whole with ENOENT. A claim that
+    /// is gone by then is finished, not an error, at both places recovery meets it.
+    #[test]
+    fn a_claim_released_while_recovery_looks_is_no_error() {
+        let (_d, q) = q(Duration::ZERO);
+        let mut r = Recovered::default();
+        q.reconcile_committed("gone.req.json", &mut r).unwrap();
+        assert_eq!(q.fence("gone.req.json").unwrap(), None);
+        assert!(r.conflicts.is_empty() && r.reconciled.is_empty());
     }
 }

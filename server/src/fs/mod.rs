@@ -271,6 +271,16 @@ fn proc_fd(fd: &Backing) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
+/// A new open file description of the inode `f` holds (whatever its names are now), through
+/// its /proc/self/fd magic link, never following a symlink into another file.
+fn reopen(f: &File, flags: OFlags) -> io::Result<OwnedFd> {
+    if f.metadata()?.file_type().is_symlink() {
+        return Err(err(libc::ELOOP));
+    }
+    let link = format!("/proc/self/fd/{}", f.as_raw_fd());
+    rustix::fs::open(link.as_str(), flags | OFlags::CLOEXEC, Mode::empty()).map_err(ioerr)
+}
+
 /// A data inode's backing file, for its extended attributes: the one kept open for the inode
 /// when there is one (the kernel asks for `security.capability` before every write), else one
 /// opened for the call.
@@ -690,10 +700,24 @@ impl CtxFs {
     /// handle, writable when `write`; opened (and kept, within the bound) on first use.
     fn inode_file(&self, ino: u64, write: bool) -> io::Result<Arc<File>> {
         let need = if write { Access::Write } else { Access::Read };
-        if let Some((f, access)) = lock(&self.inodes).cached_fd(ino)
-            && access >= need
+        let cached = lock(&self.inodes).cached_fd(ino);
+        if let Some((f, access)) = &cached
+            && *access >= need
         {
-            return Ok(f);
+            return Ok(Arc::clone(f));
+        }
+        // A descriptor kept for the inode (since a getattr, or an earlier open) names the inode
+        // the kernel means even when another connection (an agent's view) has unlinked or
+        // replaced its name since: reopen that one (only data inodes keep descriptors).
+        if let Some((f, _)) = cached {
+            let reopened = reopen(&f, OFlags::RDWR).map(|fd| (fd, Access::Write)).or_else(|e| {
+                if write { Err(e) } else { reopen(&f, OFlags::RDONLY).map(|fd| (fd, Access::Read)) }
+            });
+            if let Ok((fd, access)) = reopened {
+                let f = Arc::new(File::from(fd));
+                lock(&self.inodes).keep_fd(ino, &f, access, false);
+                return Ok(f);
+            }
         }
         let rel = self.rel(ino)?;
         if classify(&rel) != Some(Area::Data) {
