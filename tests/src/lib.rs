@@ -3,6 +3,7 @@
 //!
 //! - this module: locating the built binaries and running them;
 //! - [`appender`]: driving the `log-appender` helper and checking the log it leaves;
+//! - [`gluster`]: a GlusterFS volume served from a network namespace, mounted twice;
 //! - [`object`]: writing object packages and judging what an install left in storage;
 //! - [`powerloss`]: mounting the `powerloss-fs` helper, simulating power loss and injecting
 //!   faults;
@@ -12,6 +13,7 @@
 //! Only the test targets of this crate depend on it.
 
 pub mod appender;
+pub mod gluster;
 pub mod object;
 pub mod powerloss;
 pub mod served;

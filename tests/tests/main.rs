@@ -15,6 +15,7 @@ mod log_powerloss;
 mod many_agents;
 mod mcp;
 mod mount;
+mod multihost;
 mod object_install;
 mod package;
 mod policy_cli;
