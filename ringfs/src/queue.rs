@@ -81,6 +81,17 @@ pub struct Queue {
     syncs: AtomicU64,
 }
 
+/// The filesystem refuses `RENAME_NOREPLACE` (GlusterFS answers EINVAL): no step of the
+/// protocol can be done without replacing, so nothing is done.
+fn no_noreplace(root: &Path) -> Error {
+    Error::Unsupported {
+        path: root.to_path_buf(),
+        reason: "this filesystem refuses rename without replacing (RENAME_NOREPLACE), which every \
+                 step of the queue needs; see docs/deployment.md"
+            .into(),
+    }
+}
+
 fn errno(op: &'static str, path: PathBuf) -> impl FnOnce(Errno) -> Error {
     move |e| Error::io(op, path, e.into())
 }
@@ -261,6 +272,8 @@ impl Queue {
             let _ = rustix::fs::unlinkat(&self.dirs[INBOX], &tmp, AtFlags::empty());
             return Err(if e == Errno::EXIST {
                 Error::Conflict(format!("job {name} is already pending"))
+            } else if e == Errno::INVAL {
+                no_noreplace(&self.root)
             } else {
                 Error::io("rename", self.path(PENDING, name), e.into())
             });
@@ -337,6 +350,10 @@ impl Queue {
                     let _ = rustix::fs::unlinkat(&self.dirs[CLAIMED], job.as_str(), AtFlags::REMOVEDIR);
                     self.sync_dir(CLAIMED)?;
                     continue;
+                }
+                Err(Errno::INVAL) => {
+                    let _ = rustix::fs::unlinkat(&self.dirs[CLAIMED], job.as_str(), AtFlags::REMOVEDIR);
+                    return Err(no_noreplace(&self.root));
                 }
                 Err(e) => return Err(Error::io("claim", self.path(CLAIMED, &job), e.into())),
             }
@@ -549,6 +566,8 @@ impl Queue {
                 Ok(f) => match rustix::fs::flock(&f, FlockOperation::NonBlockingLockShared) {
                     Ok(()) => false,
                     Err(Errno::WOULDBLOCK) => true,
+                    // Released since the open (a network filesystem says ESTALE): no lock.
+                    Err(Errno::STALE | Errno::NOENT) => false,
                     Err(e) => return Err(Error::io("lock", &lease_path, e.into())),
                 },
                 Err(_) => false,

@@ -7,6 +7,7 @@
 //! - [`object`]: writing object packages and judging what an install left in storage;
 //! - [`powerloss`]: mounting the `powerloss-fs` helper, simulating power loss and injecting
 //!   faults;
+//! - [`race`]: queue workers raced while being killed and stalled;
 //! - [`served`]: a real `ctx mount` on temporary storage;
 //! - [`vm`]: a QEMU guest with a busybox initramfs, for the virtio-fs tests.
 //!
@@ -16,6 +17,7 @@ pub mod appender;
 pub mod gluster;
 pub mod object;
 pub mod powerloss;
+pub mod race;
 pub mod served;
 pub mod vm;
 

@@ -66,4 +66,17 @@ fn the_queues_properties_on_glusterfs() {
     f.sync_all().unwrap();
     fs::File::open(a).unwrap().sync_all().unwrap();
     eprintln!("glusterfs: NOREPLACE refused; link, exclusive mkdir, flock and fsync hold across mounts");
+
+    // So the queue refuses to work there, clearly, and leaves nothing behind.
+    fs::write(a.join("j.req.json"), b"{}").unwrap();
+    let out = std::process::Command::new(tests::bin("ctx"))
+        .args(["queue", "publish"])
+        .arg(a.join("queue"))
+        .arg(a.join("j.req.json"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69), "{}", tests::shown(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("RENAME_NOREPLACE"), "{}", tests::shown(&out));
+    let left: Vec<_> = fs::read_dir(a.join("queue/inbox")).unwrap().flatten().collect();
+    assert!(left.is_empty(), "the publish left {left:?}");
 }

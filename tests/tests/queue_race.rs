@@ -8,177 +8,14 @@
 //! write`, working through its own view), the recoverer on the host mount.
 
 use std::fs;
-use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-use ringfs::queue::{Policy, Queue};
-use rustix::process::{Pid, Signal, kill_process};
+use ringfs::queue::Queue;
+use tests::race::{Worker, host_worker, publish_all, race};
 use tests::served::Served;
-
-const JOBS: usize = 2000;
-
-/// One worker: the process started, and the `ctx queue work` process to signal (the same on the
-/// host; inside the sandbox for an agent's worker, found by its unique worker name).
-struct Worker {
-    started: Child,
-    name: String,
-    sandboxed: bool,
-}
-
-impl Worker {
-    /// The pid of the `ctx queue work` process, waiting up to 5 s for a sandbox to start it;
-    /// `None` when it is gone.
-    fn target(&mut self) -> Option<i32> {
-        if !self.sandboxed {
-            return Some(self.started.id() as i32);
-        }
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(5) {
-            if self.started.try_wait().ok().flatten().is_some() {
-                return None;
-            }
-            if let Some(pid) = find_worker(&self.name) {
-                return Some(pid);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        None
-    }
-
-    fn signal(&mut self, s: Signal) {
-        if let Some(pid) = self.target() {
-            let _ = kill_process(Pid::from_raw(pid).unwrap(), s);
-        }
-    }
-
-    /// Waits for it to end; its output (a sandbox's terminal merges both streams).
-    fn output(mut self) -> String {
-        let mut s = String::new();
-        if let Some(mut e) = self.started.stderr.take() {
-            let _ = e.read_to_string(&mut s);
-        }
-        if let Some(mut o) = self.started.stdout.take() {
-            let _ = o.read_to_string(&mut s);
-        }
-        let _ = self.started.wait();
-        s
-    }
-}
-
-/// The pid of the process whose argv is `ctx queue work ... --worker NAME ...`.
-fn find_worker(name: &str) -> Option<i32> {
-    for e in fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
-        let Ok(cmdline) = fs::read(e.path().join("cmdline")) else { continue };
-        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-        if args.windows(2).any(|w| w[0] == b"--worker" && w[1] == name.as_bytes())
-            && args.iter().any(|a| *a == b"work")
-            && !args.iter().any(|a| *a == b"start")
-        {
-            return Some(pid);
-        }
-    }
-    None
-}
-
-/// Races `workers` (spawned by `spawn(slot, generation)`) over the queue `q` holding JOBS jobs,
-/// killing and stalling them; then checks the outcome.
-fn race(q: &Queue, qdir: &Path, lease: Duration, mut spawn: impl FnMut(usize, usize) -> Worker, n: usize) {
-    let mut rng = StdRng::seed_from_u64(2026);
-    let mut generation = 0;
-    let mut next = |slot: usize| {
-        generation += 1;
-        spawn(slot, generation)
-    };
-    let mut workers: Vec<Worker> = (0..n).map(&mut next).collect();
-    let (mut kills, mut stalls) = (0, 0);
-    let mut errors = String::new();
-    let start = Instant::now();
-    loop {
-        let done = fs::read_dir(qdir.join("done")).unwrap().count() / 2;
-        if done >= JOBS && kills >= 200 && stalls >= 50 {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(900),
-            "stuck: {done} done, {kills} kills, {stalls} stalls"
-        );
-        let i = rng.random_range(0..workers.len());
-        if stalls < 50 && rng.random_bool(0.2) {
-            workers[i].signal(Signal::STOP);
-            std::thread::sleep(lease + Duration::from_millis(rng.random_range(20..80)));
-            q.recover(Policy::Requeue).unwrap();
-            workers[i].signal(Signal::CONT);
-            stalls += 1;
-        } else if kills < 200 {
-            std::thread::sleep(Duration::from_millis(rng.random_range(5..40)));
-            workers[i].signal(Signal::KILL);
-            let old = std::mem::replace(&mut workers[i], next(i));
-            errors.push_str(&old.output());
-            kills += 1;
-        } else {
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        // Restart workers that found the queue empty, and recover killed workers' claims.
-        for (j, w) in workers.iter_mut().enumerate() {
-            if w.started.try_wait().unwrap().is_some() {
-                let old = std::mem::replace(w, next(j));
-                errors.push_str(&old.output());
-            }
-        }
-        if rng.random_bool(0.3) {
-            q.recover(Policy::Requeue).unwrap();
-        }
-    }
-    for mut w in workers {
-        w.signal(Signal::KILL);
-        errors.push_str(&w.output());
-    }
-    std::thread::sleep(lease);
-    let r = q.recover(Policy::Requeue).unwrap();
-    assert!(r.requeued.is_empty(), "jobs requeued after all were done: {:?}", r.requeued);
-    assert!(r.conflicts.is_empty(), "{:?}", r.conflicts);
-    assert!(!errors.contains("already exists"), "a job was committed twice:\n{errors}");
-
-    let l = q.list().unwrap();
-    assert!(
-        l.pending.is_empty() && l.claimed.is_empty() && l.failed.is_empty() && l.problems.is_empty(),
-        "{l:?}"
-    );
-    assert_eq!(l.done.len(), JOBS, "no job lost");
-    for i in 0..JOBS {
-        let job = format!("job-{i:05}.req.json");
-        let req = fs::read(qdir.join("done").join(&job)).unwrap();
-        let res = fs::read(qdir.join("done").join(format!("{job}.result"))).unwrap();
-        assert_eq!(req, res, "{job}: the result beside it is its own");
-    }
-    let left: Vec<_> = fs::read_dir(qdir.join("claimed")).unwrap().flatten().map(|e| e.file_name()).collect();
-    assert!(left.is_empty(), "claimed/ not empty: {left:?}");
-    eprintln!("{JOBS} jobs, {n} workers, {kills} kill -9, {stalls} stalls, {:?}", start.elapsed());
-}
-
-fn publish_all(q: &Queue) {
-    for i in 0..JOBS {
-        q.publish(&format!("job-{i:05}.req.json"), format!("{{\"job\":{i}}}").as_bytes()).unwrap();
-    }
-}
-
-fn host_worker(q: &Path, name: String) -> Worker {
-    let started = Command::new(tests::bin("ctx"))
-        .args(["queue", "work"])
-        .arg(q)
-        .args(["--worker", &name, "--no-lock", "--", "/bin/cat"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    Worker { started, name, sandboxed: false }
-}
 
 #[test]
 fn workers_killed_and_stalled_lose_nothing_and_commit_once() {
@@ -187,7 +24,7 @@ fn workers_killed_and_stalled_lose_nothing_and_commit_once() {
     let qdir = d.path().join("queue");
     let q = Queue::open(&qdir, lease).unwrap();
     publish_all(&q);
-    race(&q, &qdir, lease, |i, _| host_worker(&qdir, format!("w{i}")), 4);
+    race(&q, &qdir, lease, |i, _| host_worker(&qdir, format!("w{i}")), 4, |_| {});
 }
 
 /// The same race through `/ctx`: the queue in a shared space of a real mount, two workers on the
@@ -256,7 +93,7 @@ fn through_ctx_workers_in_sandboxes_and_on_the_host_lose_nothing_and_commit_once
             .unwrap();
         Worker { started, name, sandboxed: true }
     };
-    race(&q, &qdir, lease, spawn, 4);
+    race(&q, &qdir, lease, spawn, 4, |_| {});
     // The sandboxed workers did their share, as themselves.
     let by: Vec<u32> = fs::read_dir(s.storage.join("shared/race/queue/done"))
         .unwrap()

@@ -100,6 +100,7 @@ fn fail(e: ringfs::Error) -> Exit {
         ringfs::Error::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
             exit::DENIED
         }
+        ringfs::Error::Unsupported { .. } => exit::UNAVAILABLE,
         _ => exit::FAILURE,
     };
     Exit::new(code, e.to_string())
