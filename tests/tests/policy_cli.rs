@@ -168,6 +168,22 @@ fn usage_errors_say_which_program_and_exit_2() {
     }
 }
 
+/// `ctx doctor --json`'s exit code and the names of the checks that failed, each of which must
+/// say what to do.
+fn failed_checks(o: &std::process::Output) -> (Option<i32>, Vec<String>) {
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", tests::shown(o)));
+    let failed = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["ok"] == false)
+        .inspect(|c| assert!(c["fix"].is_string(), "a failure says what to do: {c}"))
+        .map(|c| c["name"].as_str().unwrap().to_owned())
+        .collect();
+    (o.status.code(), failed)
+}
+
 /// `ctx doctor` on a healthy host says so (exit 0), and names each precondition broken here,
 /// with what to do (exit 1).
 #[test]
@@ -184,17 +200,7 @@ fn doctor_reports_each_broken_precondition() {
             .arg(control)
             .output()
             .unwrap();
-        let v: serde_json::Value =
-            serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", tests::shown(&o)));
-        let failed: Vec<String> = v
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|c| c["ok"] == false)
-            .inspect(|c| assert!(c["fix"].is_string(), "a failure says what to do: {c}"))
-            .map(|c| c["name"].as_str().unwrap().to_owned())
-            .collect();
-        (o.status.code(), failed)
+        failed_checks(&o)
     };
     let _net = tests::NETWORK.lock().unwrap_or_else(|p| p.into_inner());
     let (storage, mnt, control) = (s.storage.clone(), s.mnt.clone(), s.control.clone());
@@ -238,16 +244,7 @@ fn doctor_reports_each_broken_precondition() {
             .args([&storage, &mnt, &control])
             .output()
             .unwrap();
-        let v: serde_json::Value =
-            serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{setup}: {}", tests::shown(&o)));
-        let failed: Vec<String> = v
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|c| c["ok"] == false)
-            .map(|c| c["name"].as_str().unwrap().to_owned())
-            .collect();
-        (o.status.code(), failed)
+        failed_checks(&o)
     };
     // No bubblewrap (nor pasta: both live in /usr/bin).
     let (code, failed) = alone("mount -t tmpfs none /usr/bin");
