@@ -153,6 +153,7 @@ pub fn check(dir: &Path) -> std::result::Result<CheckedPackage, Vec<Problem>> {
 
 /// What a record says of one object.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
 pub struct RecordObject {
     /// `tool` or `agent`.
     pub class: String,
@@ -164,6 +165,7 @@ pub struct RecordObject {
 
 /// The record of an installed (or installing) package.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
 pub struct Record {
     /// The package's name.
     pub name: String,
@@ -243,7 +245,18 @@ pub fn record(storage: &Path, name: &str) -> Result<Record> {
         return Err(Error::Conflict(format!("package {name} is not installed in {}", storage.display())));
     }
     let bytes = read_bounded(&path).map_err(|e| Error::Damaged { path: path.clone(), reason: e })?;
-    serde_json::from_slice(&bytes).map_err(|e| Error::Damaged { path, reason: e.to_string() })
+    parse_record(&bytes).map_err(|reason| Error::Damaged { path, reason })
+}
+
+/// Parses a package record: JSON with exactly the fields a [`Record`] has, every name valid.
+pub fn parse_record(bytes: &[u8]) -> std::result::Result<Record, String> {
+    let r: Record = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    policy::name::validate(&r.name).map_err(|e| format!("package name {:?}: {e}", r.name))?;
+    for o in &r.objects {
+        ObjectClass::parse(&o.class).ok_or_else(|| format!("unknown object class {:?}", o.class))?;
+        policy::name::validate(&o.name).map_err(|e| format!("object name {:?}: {e}", o.name))?;
+    }
+    Ok(r)
 }
 
 /// The records of every package in `storage`, by name.
@@ -515,5 +528,20 @@ executable = "bin/agent"
         assert!(steps.iter().any(|s| s.starts_with("leave tool/kit.b")), "{steps:?}");
         assert!(st.join("tool/kit.b").exists());
         assert!(!st.join("tool/kit.a").exists());
+    }
+
+    #[test]
+    fn records_are_checked_when_read() {
+        let good = br#"{"name":"kit","version":"1.0.0","state":"installed","objects":[{"class":"tool","name":"kit.a","sha256":"00"}]}"#;
+        assert_eq!(parse_record(good).unwrap().objects.len(), 1);
+        for bad in [
+            &br#"{"name":"../x","version":"1","state":"installed","objects":[]}"#[..],
+            br#"{"name":"kit","version":"1","state":"installed","objects":[{"class":"model","name":"m","sha256":""}]}"#,
+            br#"{"name":"kit","version":"1","state":"installed","objects":[{"class":"tool","name":"../../etc","sha256":""}]}"#,
+            br#"{"name":"kit","version":"1","state":"installed","objects":[],"extra":1}"#,
+            b"\xff",
+        ] {
+            assert!(parse_record(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
     }
 }
