@@ -297,4 +297,8 @@ fn context_packs_are_checked_and_latest_is_rebuilt_from_messages() {
     assert_eq!(fs::read_to_string(d.join("latest.md")).unwrap(), "the answer\n");
     let out = ctx(&["agent", "history", "packer", "--session", "p1", "--ctx", m]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
+    let out = ctx(&["agent", "history", "packer", "--session", "p1", "--ctx", m, "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v.as_array().map(Vec::len), Some(2), "{v}");
 }

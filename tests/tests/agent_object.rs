@@ -227,6 +227,12 @@ fn ls_inspect_and_rm() {
     assert!(shown.contains("== policy ==\nallow alpha_t tool:fs.read execute\n"), "{shown}");
     assert!(!shown.contains("== log =="), "the runtime log is skipped");
     assert!(!shown.contains("secret runtime line"));
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&ctx(s, &["agent", "inspect", "alpha", "--json"]))).unwrap();
+    assert_eq!(v["agent"], "alpha");
+    assert_eq!(v["controls"]["label"], "alpha_t\n");
+    assert_eq!(v["controls"]["policy"], "allow alpha_t tool:fs.read execute\n");
+    assert!(v["controls"].get("log").is_none(), "the runtime log is skipped: {v}");
 
     let out = ctx(s, &["agent", "inspect", "nobody-here"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));

@@ -134,6 +134,14 @@ fn tsh_runs_tools_only_as_an_agent_and_records_every_call() {
     for t in ["fs.list", "fs.read", "fs.stat", "fs.write", "shell.exec", "tsh", "tsh.config"] {
         assert!(listed.lines().any(|l| l == t), "{t} in {listed}");
     }
+    let json = w.tsh(&w.s.mnt, None, &["tools", "--json"], None);
+    assert!(json.status.success(), "{}", text(&json));
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let names: Vec<&str> = v.as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, listed.lines().collect::<Vec<_>>(), "--json lists what tools lists");
+    assert!(v[0]["path"].as_str().is_some_and(|p| p.starts_with('/')), "{v}");
+    let bad = w.tsh(&w.s.mnt, None, &["tools", "--nosuch"], None);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
     let out = w.tsh(&w.s.mnt, None, &["describe", "fs.stat"], None);
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"path\""), "{}", text(&out));
     let out = w.tsh(&w.s.mnt, None, &["fs.stat", "f.txt"], None);

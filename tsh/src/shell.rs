@@ -28,7 +28,7 @@ tsh: the CortexFS tool shell
   tsh                  a prompt on a terminal; otherwise commands are read from stdin
 
 built-ins:
-  tools [-l]           the tools CTX_PATH resolves (-l: with path and description)
+  tools [-l|--json]    the tools CTX_PATH resolves (-l: with path and description; --json: as JSON)
   which TOOL           the executable TOOL resolves to
   describe TOOL        a tool's description and input schema
   load TOOL            load a tool's metadata into the working set
@@ -146,6 +146,28 @@ impl Shell {
         match cmd {
             "tools" => {
                 let long = rest.iter().any(|a| a == "-l");
+                if let Some(bad) = rest.iter().find(|a| *a != "-l" && *a != "--json") {
+                    return Err(Fail::Usage(format!("tools: unknown option {}", bad.to_string_lossy())));
+                }
+                if rest.iter().any(|a| a == "--json") {
+                    // One JSON array: name, path and the first line of the description of each.
+                    let all: Vec<serde_json::Value> = self
+                        .resolver
+                        .all()
+                        .iter()
+                        .map(|hit| {
+                            let desc = std::fs::read_to_string(hit.controls().join("description"))
+                                .unwrap_or_default();
+                            serde_json::json!({
+                                "name": hit.name,
+                                "path": hit.path,
+                                "description": desc.lines().next().unwrap_or(""),
+                            })
+                        })
+                        .collect();
+                    writeln!(out, "{}", serde_json::Value::Array(all)).map_err(io)?;
+                    return Ok(0);
+                }
                 for hit in self.resolver.all() {
                     if long {
                         let desc =

@@ -58,6 +58,9 @@ pub enum Cmd {
         at: At,
         /// The agent.
         name: String,
+        /// Print one JSON object: {"agent", "path", "controls": {NAME: TEXT or null}}.
+        #[arg(long)]
+        json: bool,
     },
     /// Remove agent/NAME: its executable first, then its controls. Shows the plan unless --yes.
     Rm {
@@ -129,6 +132,9 @@ pub enum Cmd {
         name: String,
         #[command(flatten)]
         at: SessionAt,
+        /// Print the messages as one JSON array.
+        #[arg(long)]
+        json: bool,
     },
     /// Print a session's latest output (latest.md); --rebuild first rebuilds it from messages.
     Output {
@@ -374,7 +380,7 @@ fn ls(storage: &Path, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn inspect(storage: &Path, name: &str) -> anyhow::Result<()> {
+fn inspect(storage: &Path, name: &str, json: bool) -> anyhow::Result<()> {
     policy::name::validate(name).map_err(|e| invalid(format!("invalid agent name {name:?}: {e}")))?;
     let i = publish::inspect(storage, ObjectClass::Agent, name, Tier::System)
         .map_err(|e| exit::launch(e.into()))?;
@@ -386,6 +392,19 @@ fn inspect(storage: &Path, name: &str) -> anyhow::Result<()> {
         .into());
     }
     let ctl = agent_dir(storage).join(format!("{name}.d"));
+    if json {
+        let controls: serde_json::Map<String, serde_json::Value> = i
+            .controls
+            .iter()
+            .filter(|c| c.as_str() != "log")
+            .map(|c| {
+                let v = agents::read_control(&ctl.join(c))
+                    .map_or(serde_json::Value::Null, |b| String::from_utf8_lossy(&b).into_owned().into());
+                (c.clone(), v)
+            })
+            .collect();
+        return out::line(serde_json::json!({"agent": name, "path": i.path, "controls": controls}));
+    }
     for control in i.controls.iter().filter(|c| c.as_str() != "log") {
         out::line(format_args!("== {control} =="))?;
         match agents::read_control(&ctl.join(control)) {
@@ -470,7 +489,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::New(a) => new(a),
         Cmd::Ls { at, json } => ls(&at.source, json),
-        Cmd::Inspect { at, name } => inspect(&at.source, &name),
+        Cmd::Inspect { at, name, json } => inspect(&at.source, &name, json),
         Cmd::Rm { at, name, yes } => rm(&at.source, &name, yes),
         Cmd::Grant { at, name, object, perm } => {
             for line in agents::grant(&at.source, &name, &object, &perm).map_err(exit::launch)? {
@@ -540,7 +559,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Send { name, session, text } => {
             launch::terminal::send(&name, &session, &text).map_err(exit::launch)
         }
-        Cmd::History { name, at } => session::history(&at.ctx, &name, &at.session),
+        Cmd::History { name, at, json } => session::history(&at.ctx, &name, &at.session, json),
         Cmd::Output { name, at, rebuild: false } => session::output(&at.ctx, &name, &at.session),
         Cmd::Output { name, at, rebuild: true } => session::rebuild_latest(&at.ctx, &name, &at.session),
         Cmd::Pack { name, at, .. } => session::pack_check(&at.ctx, &name, &at.session),

@@ -22,9 +22,19 @@ fn dir(ctx: &Path, uid: u32, agent: &str, session: &str) -> PathBuf {
 }
 
 /// `ctx agent history`: the session's messages, as recorded.
-pub fn history(ctx: &Path, agent: &str, session: &str) -> anyhow::Result<()> {
+pub fn history(ctx: &Path, agent: &str, session: &str, json: bool) -> anyhow::Result<()> {
     let p = dir(ctx, uid_of(ctx, agent)?, agent, session).join("messages.jsonl");
     let t = std::fs::read(&p).map_err(|e| Exit::io(p.display(), &e))?;
+    if json {
+        let mut all = Vec::new();
+        for (i, line) in t.split(|&b| b == b'\n').enumerate().filter(|(_, l)| !l.is_empty()) {
+            let v: serde_json::Value = serde_json::from_slice(line).map_err(|e| {
+                Exit::new(exit::FAILURE, format!("{}:{}: not a JSON message: {e}", p.display(), i + 1))
+            })?;
+            all.push(v);
+        }
+        return crate::out::line(serde_json::Value::Array(all));
+    }
     std::io::Write::write_all(&mut std::io::stdout(), &t)?;
     Ok(())
 }
