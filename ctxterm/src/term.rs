@@ -119,12 +119,22 @@ pub fn run(opts: &Options) -> Result<i32, RunError> {
         .stdout(Stdio::from(File::from(slave.try_clone()?)))
         .stderr(Stdio::from(File::from(slave.try_clone()?)));
     crate::sys::controlling_tty(&mut cmd, &slave);
-    let mut child = cmd.spawn().map_err(RunError::Spawn)?;
+    // A command that cannot start says why on the terminal, where its clients (`ctx agent start
+    // --wait` among them) read; the run then ends as a command that exited 69.
+    let mut child = match cmd.spawn() {
+        Ok(child) => Some(child),
+        Err(e) => {
+            let why = format!("ctxterm: cannot run {program}: {e}\n");
+            eprint!("{why}");
+            io::Write::write_all(&mut File::from(slave.try_clone()?), why.as_bytes())?;
+            None
+        }
+    };
     // The command holds our copies of the slave side; the PTY reports end of output only when
     // every copy is closed.
     drop(cmd);
     drop(slave);
-    let pid = rustix::process::Pid::from_child(&child);
+    let pid = child.as_ref().map(rustix::process::Pid::from_child);
 
     let master = File::from(master);
 
@@ -151,13 +161,22 @@ pub fn run(opts: &Options) -> Result<i32, RunError> {
             }
         })?;
     }
-    forward_signals(pid, master.try_clone()?)?;
-
-    let status = child.wait()?;
-    // No orphans: whatever the child left in its session goes too, then every descendant
-    // reparented to us is reaped.
-    let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-    while let Ok(Some(_)) = rustix::process::wait(rustix::process::WaitOptions::empty()) {}
+    let code = match (&mut child, pid) {
+        (Some(child), Some(pid)) => {
+            forward_signals(pid, master.try_clone()?)?;
+            let status = child.wait()?;
+            // No orphans: whatever the child left in its session goes too, then every
+            // descendant reparented to us is reaped.
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+            while let Ok(Some(_)) = rustix::process::wait(rustix::process::WaitOptions::empty()) {}
+            match (status.code(), std::os::unix::process::ExitStatusExt::signal(&status)) {
+                (Some(c), _) => c,
+                (None, Some(s)) => 128 + s,
+                (None, None) => 1,
+            }
+        }
+        _ => 69,
+    };
     let _ = reader.join();
     if let Ok(mut st) = state.lock() {
         st.closed = true;
@@ -170,11 +189,7 @@ pub fn run(opts: &Options) -> Result<i32, RunError> {
     while Arc::strong_count(&writing) > 2 && t.elapsed() < WRITE_TIMEOUT + Duration::from_secs(1) {
         std::thread::sleep(Duration::from_millis(5));
     }
-    Ok(match (status.code(), std::os::unix::process::ExitStatusExt::signal(&status)) {
-        (Some(c), _) => c,
-        (None, Some(s)) => 128 + s,
-        (None, None) => 1,
-    })
+    Ok(code)
 }
 
 /// Copies PTY output into the scrollback and to every client, until the PTY closes.

@@ -420,3 +420,14 @@ fn bad_mounts_are_refused_and_ceilings_applied() {
     assert!(out.status.success(), "{}", text(&out));
     assert!(!group.exists(), "the group goes with the run");
 }
+
+/// `ctx agent start --wait -- /nonexistent` exited 69 and said nothing: the sandbox's terminal
+/// owner wrote why on its own stderr, which no client reads. It says it on the terminal now.
+#[test]
+fn a_command_that_cannot_start_says_why() {
+    let w = World::new();
+    let out = w.start(&session("ns"), &["--wait"], &["/nonexistent"]);
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out));
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("cannot run /nonexistent") && said.contains("No such file"), "{said}");
+}
