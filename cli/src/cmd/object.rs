@@ -123,22 +123,25 @@ pub(crate) fn fail(e: ringfs::Error) -> Exit {
     Exit::new(code, e.to_string())
 }
 
-fn checked(manifest: &Path, writing: bool) -> anyhow::Result<ringfs::object::Checked> {
-    ringfs::object::check(manifest).map_err(|problems| {
-        for p in &problems {
-            let _ = if p.field.is_empty() {
-                out::line(format_args!("{}: {}", manifest.display(), p.message))
-            } else {
-                out::line(format_args!("{}: {}: {}", manifest.display(), p.field, p.message))
-            };
-        }
-        let tail = if writing { "; nothing was written" } else { "" };
-        Exit::new(exit::INVALID, format!("{}: {} problem(s){tail}", manifest.display(), problems.len()))
-            .into()
-    })
+/// Prints `SHOWN: FIELD: PROBLEM` for each problem; the exit (2) that sums them up.
+pub(crate) fn problems(shown: &Path, problems: &[policy::manifest::Problem], writing: bool) -> Exit {
+    for p in problems {
+        let _ = if p.field.is_empty() {
+            out::line(format_args!("{}: {}", shown.display(), p.message))
+        } else {
+            out::line(format_args!("{}: {}: {}", shown.display(), p.field, p.message))
+        };
+    }
+    let tail = if writing { "; nothing was written" } else { "" };
+    Exit::new(exit::INVALID, format!("{}: {} problem(s){tail}", shown.display(), problems.len()))
 }
 
-fn plan(steps: &[String], yes: bool) -> anyhow::Result<()> {
+fn checked(manifest: &Path, writing: bool) -> anyhow::Result<ringfs::object::Checked> {
+    ringfs::object::check(manifest).map_err(|p| problems(manifest, &p, writing).into())
+}
+
+/// Prints a plan's steps (`would ...` unless `yes`) and, for a dry run, how to do it.
+pub(crate) fn plan(steps: &[String], yes: bool) -> anyhow::Result<()> {
     for s in steps {
         out::line(format_args!("{}{s}", if yes { "" } else { "would " }))?;
     }

@@ -7,7 +7,7 @@ use clap::ValueEnum;
 use ringfs::object::package;
 use ringfs::object::publish::Tier;
 
-use crate::cmd::object::{DEFAULT_STORAGE, fail};
+use crate::cmd::object::{DEFAULT_STORAGE, fail, plan, problems};
 use crate::exit::{self, Exit};
 use crate::out;
 
@@ -30,7 +30,7 @@ pub struct InstallArgs {
     #[arg(long, value_enum, default_value_t = TierArg::System)]
     tier: TierArg,
     /// The user of the user tier (default: the caller).
-    #[arg(long, requires = "tier")]
+    #[arg(long)]
     uid: Option<u32>,
     /// Check the package and say what would be installed; write nothing.
     #[arg(long)]
@@ -73,17 +73,7 @@ pub fn install(a: InstallArgs) -> anyhow::Result<()> {
     let Some(dir) = &a.package else {
         return Err(Exit::new(exit::INVALID, "no package directory given").into());
     };
-    let shown = dir.display();
-    let pkg = package::check(dir).map_err(|problems| {
-        for p in &problems {
-            let _ = if p.field.is_empty() {
-                out::line(format_args!("{shown}: {}", p.message))
-            } else {
-                out::line(format_args!("{shown}: {}: {}", p.field, p.message))
-            };
-        }
-        Exit::new(exit::INVALID, format!("{shown}: {} problem(s); nothing was written", problems.len()))
-    })?;
+    let pkg = package::check(dir).map_err(|p| problems(dir, &p, true))?;
     let steps = package::install(&a.source, &pkg, tier, a.dry_run).map_err(fail)?;
     for s in &steps {
         out::line(format_args!("{}{s}", if a.dry_run { "would " } else { "" }))?;
@@ -98,11 +88,5 @@ pub fn install(a: InstallArgs) -> anyhow::Result<()> {
 /// Runs `ctx uninstall`.
 pub fn uninstall(a: UninstallArgs) -> anyhow::Result<()> {
     let steps = package::uninstall(&a.source, &a.name, !a.yes).map_err(fail)?;
-    for s in &steps {
-        out::line(format_args!("{}{s}", if a.yes { "" } else { "would " }))?;
-    }
-    if !a.yes {
-        out::line("dry run: nothing changed; re-run with --yes to do it")?;
-    }
-    Ok(())
+    plan(&steps, a.yes)
 }
