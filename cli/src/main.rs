@@ -30,6 +30,12 @@ enum Command {
     /// Create, list, inspect and remove agent objects.
     #[command(subcommand)]
     Agent(cmd::agent::Cmd),
+    /// Install, list, inspect and remove models, and set the aliases main and helper.
+    #[command(subcommand)]
+    Model(cmd::model::Cmd),
+    /// Store, list and remove secrets (model keys) in root's secret store; values come from stdin.
+    #[command(subcommand)]
+    Secret(cmd::model::SecretCmd),
     /// Check and install objects.
     #[command(subcommand)]
     Object(cmd::object::Cmd),
@@ -128,6 +134,8 @@ fn main() -> ExitCode {
         Command::Policy(c) => cmd::policy::run(c),
         Command::Agent(c) => cmd::agent::run(c),
         Command::Object(c) => cmd::object::run(c),
+        Command::Model(c) => cmd::model::run(c),
+        Command::Secret(c) => cmd::model::secret(c),
         Command::Install(a) => cmd::package::install(a),
         Command::Uninstall(a) => cmd::package::uninstall(a),
         Command::Queue(c) => cmd::queue::run(c),

@@ -28,7 +28,7 @@ struct Cli {
     #[command(subcommand)]
     run: Option<Run>,
     /// The session socket to listen on (created with mode 0600).
-    #[arg(long, required = true)]
+    #[arg(long, required_unless_present = "headless")]
     socket: Option<PathBuf>,
     /// Scrollback kept for late clients, in bytes.
     #[arg(long, default_value_t = term::DEFAULT_SCROLLBACK)]
@@ -39,6 +39,17 @@ struct Cli {
     /// Start the command only once the first client has connected (it then sees all output).
     #[arg(long)]
     wait_client: bool,
+    /// Run the command on ctxterm's own standard streams, without a PTY or a socket, and
+    /// exit with its status.
+    #[arg(long)]
+    headless: bool,
+    /// Read a secret from this descriptor (to its end, at most 64 KiB) and give it to the
+    /// command, and only to it, as the variable --key-env names.
+    #[arg(long, requires = "key_env", value_name = "FD")]
+    key_fd: Option<i32>,
+    /// The variable --key-fd's secret is given in.
+    #[arg(long, requires = "key_fd", value_name = "NAME")]
+    key_env: Option<String>,
     /// The command to run.
     #[arg(last = true)]
     command: Vec<String>,
@@ -52,6 +63,9 @@ enum Run {
     Supervise {
         /// The launch contract.
         contract: PathBuf,
+        /// A descriptor holding the run's model key (read to its end, then closed).
+        #[arg(long, value_name = "FD")]
+        key_fd: Option<i32>,
     },
 }
 
@@ -77,12 +91,32 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    if let Some(Run::Supervise { contract }) = &cli.run {
-        return match ctxterm::launch::supervise(contract) {
+    if let Some(Run::Supervise { contract, key_fd }) = &cli.run {
+        return match ctxterm::launch::supervise(contract, *key_fd) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("ctxterm: {e}");
                 ExitCode::from(e.code())
+            }
+        };
+    }
+    let mut env = Vec::new();
+    if let (Some(fd), Some(name)) = (cli.key_fd, &cli.key_env) {
+        match term::read_secret_fd(fd) {
+            Ok(key) => env.push((name.clone().into(), std::os::unix::ffi::OsStringExt::from_vec(key))),
+            Err(e) => {
+                eprintln!("ctxterm: --key-fd {fd}: {e}");
+                return ExitCode::from(69);
+            }
+        }
+    }
+    if cli.headless {
+        let command = if cli.command.is_empty() { vec!["tsh".to_owned()] } else { cli.command };
+        return match term::headless(&command, &env) {
+            Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+            Err(e) => {
+                eprintln!("ctxterm: cannot run {}: {e}", command[0]);
+                ExitCode::from(69)
             }
         };
     }
@@ -98,8 +132,14 @@ fn main() -> ExitCode {
         return ExitCode::from(70);
     }
     let command = if cli.command.is_empty() { vec!["tsh".to_owned()] } else { cli.command };
-    let opts =
-        Options { socket, command, scrollback: cli.scrollback, size: cli.size, wait_client: cli.wait_client };
+    let opts = Options {
+        socket,
+        command,
+        scrollback: cli.scrollback,
+        size: cli.size,
+        wait_client: cli.wait_client,
+        env,
+    };
     match term::run(&opts) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(term::RunError::Spawn(e)) => {

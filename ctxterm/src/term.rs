@@ -35,6 +35,17 @@ pub struct Options {
     pub size: Option<(u16, u16)>,
     /// Start the command only once the first client has connected, so that it sees all output.
     pub wait_client: bool,
+    /// Variables given to the command only (a key read from a descriptor).
+    pub env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+}
+
+/// Runs `command` on this process's standard streams, with `env` added, and returns its exit
+/// code (128 + the signal that ended it).
+pub fn headless(command: &[String], env: &[(std::ffi::OsString, std::ffi::OsString)]) -> io::Result<i32> {
+    use std::os::unix::process::ExitStatusExt;
+    let program = command.first().ok_or_else(|| io::Error::other("no command"))?;
+    let status = Command::new(program).args(&command[1..]).envs(env.iter().map(|(k, v)| (k, v))).status()?;
+    Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
 }
 
 /// Client modes.
@@ -115,6 +126,7 @@ pub fn run(opts: &Options) -> Result<i32, RunError> {
     let program = opts.command.first().ok_or_else(|| RunError::Spawn(io::Error::other("no command")))?;
     let mut cmd = Command::new(program);
     cmd.args(&opts.command[1..])
+        .envs(opts.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::from(File::from(slave.try_clone()?)))
         .stdout(Stdio::from(File::from(slave.try_clone()?)))
         .stderr(Stdio::from(File::from(slave.try_clone()?)));
@@ -337,4 +349,37 @@ fn forward_signals(pid: rustix::process::Pid, master: File) -> io::Result<()> {
         }
     })?;
     Ok(())
+}
+
+/// Reads a secret from the inherited descriptor `fd` to its end (at most 64 KiB) and closes
+/// it, so that nothing started later inherits it.
+pub fn read_secret_fd(fd: i32) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::fd::FromRawFd;
+    if fd < 3 {
+        return Err(io::Error::other("a secret's descriptor is 3 or above"));
+    }
+    // Take ownership only of a descriptor that is open.
+    rustix::io::fcntl_getfd(unsafe_borrow(fd)).map_err(io::Error::from)?;
+    #[allow(unsafe_code)]
+    // SAFETY: `fd` is open (checked above) and was handed to this process to consume; nothing
+    // else in it uses that number.
+    let f = unsafe { File::from_raw_fd(fd) };
+    let mut v = Vec::new();
+    f.take(64 * 1024 + 1).read_to_end(&mut v)?;
+    if v.len() > 64 * 1024 {
+        return Err(io::Error::other("over 64 KiB"));
+    }
+    if v.last() == Some(&b'\n') {
+        v.pop();
+    }
+    Ok(v)
+}
+
+fn unsafe_borrow(fd: i32) -> std::os::fd::BorrowedFd<'static> {
+    #[allow(unsafe_code)]
+    // SAFETY: used only for one fcntl(F_GETFD) right away, which fails cleanly on a closed number.
+    unsafe {
+        std::os::fd::BorrowedFd::borrow_raw(fd)
+    }
 }

@@ -15,6 +15,8 @@ pub enum ObjectClass {
     Tool,
     /// `agent/<name>`
     Agent,
+    /// `model/<provider>/<name>`: installed into its provider's directory.
+    Model,
 }
 
 impl ObjectClass {
@@ -23,6 +25,7 @@ impl ObjectClass {
         match s {
             "tool" => Some(ObjectClass::Tool),
             "agent" => Some(ObjectClass::Agent),
+            "model" => Some(ObjectClass::Model),
             _ => None,
         }
     }
@@ -32,6 +35,7 @@ impl ObjectClass {
         match self {
             ObjectClass::Tool => "tool",
             ObjectClass::Agent => "agent",
+            ObjectClass::Model => "model",
         }
     }
 }
@@ -76,6 +80,8 @@ const AGENT_HOST: &[&str] = &[
     "limits",
     "timeout",
 ];
+const MODEL_HOST: &[&str] =
+    &["name", "id", "driver", "default", "fallback", "cap", "effort", "session", "policy", "description"];
 /// The controls an agent may replace in itself (`agent.update`).
 pub const AGENT_SELF: &[&str] = &["system.md", "prompt.template.md"];
 const RUNTIME: &[&str] = &["status", "log", "pid"];
@@ -88,7 +94,7 @@ pub fn classify(class: ObjectClass, control: &str) -> Option<Owner> {
         return name::validate(hook).ok().map(|()| Owner::Host);
     }
     let runtime = match class {
-        ObjectClass::Tool => &RUNTIME[..2],
+        ObjectClass::Tool | ObjectClass::Model => &RUNTIME[..2],
         ObjectClass::Agent => RUNTIME,
     };
     if runtime.contains(&control) {
@@ -96,6 +102,7 @@ pub fn classify(class: ObjectClass, control: &str) -> Option<Owner> {
     }
     match class {
         ObjectClass::Tool => TOOL_HOST.contains(&control).then_some(Owner::Host),
+        ObjectClass::Model => MODEL_HOST.contains(&control).then_some(Owner::Host),
         ObjectClass::Agent => {
             if AGENT_HOST.contains(&control) {
                 Some(Owner::Host)
@@ -214,6 +221,8 @@ pub fn validate(class: ObjectClass, object: &str, control: &str, bytes: &[u8]) -
             g.parse::<u32>().map(drop).map_err(|_| format!("{g:?} is not a numeric group id"))
         }),
         "label" => v0::check_subject(one_line(bytes)?),
+        "driver" => crate::model::parse(bytes).map(drop),
+        "id" => crate::model::check_id(one_line(bytes)?),
         "limits" => crate::limits::parse(bytes).map(drop),
         "timeout" => match text(bytes)?.trim() {
             "" => Ok(()),

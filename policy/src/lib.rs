@@ -28,6 +28,7 @@ pub mod exit;
 pub mod ids;
 pub mod limits;
 pub mod manifest;
+pub mod model;
 pub mod mount;
 pub mod name;
 pub mod pack;

@@ -48,6 +48,12 @@ pub fn session_in_home(agent: &str, session: &str) -> String {
     format!("agent/{agent}/session/{session}")
 }
 
+/// An agent's persistent home (its `HOME` in runs with a command of their own):
+/// `home/<uid>/agent/<agent>/home`.
+pub fn agent_home(root: &Path, uid: u32, agent: &str) -> PathBuf {
+    root.join(format!("home/{uid}/agent/{agent}/home"))
+}
+
 /// The default view of an agent session.
 pub fn view_dir(agent: &str, session: &str) -> PathBuf {
     Path::new(VIEW_ROOT).join(agent).join(session)

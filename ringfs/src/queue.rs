@@ -656,33 +656,13 @@ impl Queue {
             Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(e),
         };
-        let result = format!("{job}.result");
-        let dest = [DONE, FAILED]
-            .into_iter()
-            .find(|&d| rustix::fs::statat(&self.dirs[d], job, AtFlags::SYMLINK_NOFOLLOW).is_ok());
-        if let Some(d) = dest {
-            match rustix::fs::renameat_with(
-                &claim,
-                result.as_str(),
-                &self.dirs[d],
-                result.as_str(),
-                RenameFlags::NOREPLACE,
-            ) {
-                Ok(()) => {
-                    self.sync_dir(d)?;
-                    self.fsync(&claim, &self.path(CLAIMED, job))?;
-                    r.reconciled.push(format!("{job}: moved its result beside the request in {}/", DIRS[d]));
-                }
-                Err(Errno::NOENT) => {}
-                Err(Errno::EXIST) => {
-                    r.conflicts.push(format!("{job}: two results; the one in claimed/ is kept"));
-                    return Ok(());
-                }
-                Err(e) => return Err(Error::io("rename", self.path(d, &result), e.into())),
+        if let Some(d) = self.committed_to(job) {
+            if self.result_beside(&claim, job, d, r)? == Beside::Two {
+                return Ok(());
             }
         }
         // Remove leftovers: the temp result and the empty directory.
-        let _ = rustix::fs::unlinkat(&claim, format!(".{result}.tmp").as_str(), AtFlags::empty());
+        let _ = rustix::fs::unlinkat(&claim, format!(".{job}.result.tmp").as_str(), AtFlags::empty());
         match rustix::fs::unlinkat(&self.dirs[CLAIMED], job, AtFlags::REMOVEDIR) {
             Ok(()) => {
                 self.sync_dir(CLAIMED)?;
@@ -758,6 +738,14 @@ impl Queue {
             }
             self.fsync(&fd, &fpath)?;
         }
+        // A worker that committed between recovery's look and its fence still holds its result
+        // here (it moves it through its descriptor of this directory): it goes beside the
+        // request, never away with the leftovers.
+        if let Some(d) = self.committed_to(job) {
+            if self.result_beside(&fd, job, d, r)? == Beside::Two {
+                return Ok(());
+            }
+        }
         // Empty what is left of the fenced claim (a stalled worker's temp result) and remove it.
         if let Ok(entries) = fs::read_dir(&fpath) {
             for e in entries.flatten() {
@@ -772,6 +760,39 @@ impl Queue {
             Err(_) => r.conflicts.push(format!("claimed/{fenced}: not empty; left for inspection")),
         }
         Ok(())
+    }
+
+    /// `done/` or `failed/`, whichever holds the request `job`: it was committed.
+    fn committed_to(&self, job: &str) -> Option<usize> {
+        [DONE, FAILED]
+            .into_iter()
+            .find(|&d| rustix::fs::statat(&self.dirs[d], job, AtFlags::SYMLINK_NOFOLLOW).is_ok())
+    }
+
+    /// Moves the result of committed `job` out of the claim directory `claim` (live or fenced)
+    /// beside its request in `dest`, never replacing one already there.
+    fn result_beside(&self, claim: &OwnedFd, job: &str, dest: usize, r: &mut Recovered) -> Result<Beside> {
+        let result = format!("{job}.result");
+        match rustix::fs::renameat_with(
+            claim,
+            result.as_str(),
+            &self.dirs[dest],
+            result.as_str(),
+            RenameFlags::NOREPLACE,
+        ) {
+            Ok(()) => {
+                self.sync_dir(dest)?;
+                self.fsync(claim, &self.path(CLAIMED, job))?;
+                r.reconciled.push(format!("{job}: moved its result beside the request in {}/", DIRS[dest]));
+                Ok(Beside::Moved)
+            }
+            Err(Errno::NOENT) => Ok(Beside::Absent),
+            Err(Errno::EXIST) => {
+                r.conflicts.push(format!("{job}: two results; the one in claimed/ is kept"));
+                Ok(Beside::Two)
+            }
+            Err(e) => Err(Error::io("rename", self.path(dest, &result), e.into())),
+        }
     }
 
     /// Removes `lease/J` (the fenced worker's lease) so that a new claim can lease the job.
@@ -790,6 +811,16 @@ impl Claim {
     pub fn holds_lock(&self) -> bool {
         self.lease_file.is_some()
     }
+}
+
+/// What [`Queue::result_beside`] did.
+#[derive(Debug, PartialEq, Eq)]
+enum Beside {
+    Moved,
+    /// No result in the claim: its worker moved it, or never wrote it.
+    Absent,
+    /// A result is beside the request already: the claim's is left for inspection.
+    Two,
 }
 
 fn e_path(dir: &Path, n: &str) -> PathBuf {
@@ -929,6 +960,32 @@ mod tests {
         let r = q.recover(Policy::Requeue).unwrap();
         assert!(r.requeued.is_empty());
         assert_eq!(fs::read(root.join("done/j.req.json.result")).unwrap(), b"{\"r\":1}");
+        for d in ["lease", "claimed", "pending"] {
+            assert_eq!(fs::read_dir(root.join(d)).unwrap().count(), 0, "{d} empty");
+        }
+    }
+
+    /// Seen in a race under load: recovery looked at `claimed/J/J`, a worker whose lease had run
+    /// out committed, and then recovery fenced the claim and threw the worker's result (still in
+    /// the claim directory, moved there next through the worker's descriptor) away with the
+    /// leftovers: `done/J` without its result.
+    #[test]
+    fn a_commit_between_recoverys_look_and_its_fence_keeps_its_result() {
+        let (_d, q) = q(Duration::ZERO);
+        q.publish("j.req.json", b"{}").unwrap();
+        let c = q.claim("w1", false).unwrap().unwrap();
+        let root = q.root().to_path_buf();
+        // The worker's commit, stopped after its request moved: the result is in the claim.
+        fs::write(root.join("claimed/j.req.json/j.req.json.result"), b"{\"r\":1}").unwrap();
+        fs::rename(root.join("claimed/j.req.json/j.req.json"), root.join("done/j.req.json")).unwrap();
+        // Recovery had looked before that commit: it fences and settles.
+        let fenced = q.fence("j.req.json").unwrap().unwrap();
+        let mut r = Recovered::default();
+        q.settle_fenced(&fenced, "j.req.json", Policy::Requeue, &mut r).unwrap();
+        assert_eq!(fs::read(root.join("done/j.req.json.result")).unwrap(), b"{\"r\":1}", "{r:?}");
+        // The worker goes on with its commit: its result is where it belongs already.
+        drop(c);
+        assert!(q.recover(Policy::Requeue).unwrap().conflicts.is_empty());
         for d in ["lease", "claimed", "pending"] {
             assert_eq!(fs::read_dir(root.join(d)).unwrap().count(), 0, "{d} empty");
         }

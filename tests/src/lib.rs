@@ -15,6 +15,7 @@
 
 pub mod appender;
 pub mod gluster;
+pub mod model_endpoint;
 pub mod object;
 pub mod powerloss;
 pub mod race;

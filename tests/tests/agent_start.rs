@@ -431,3 +431,117 @@ fn a_command_that_cannot_start_says_why() {
     let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(said.contains("cannot run /nonexistent") && said.contains("No such file"), "{said}");
 }
+
+/// A model on this host's loopback (the scripted endpoint), `model/main` pointing at it, granted
+/// to coder, and its key in a secret store of the test's own (`CTX_SECRETS`).
+fn with_model(w: &World, api: &str, ep: &tests::model_endpoint::Endpoint, key: &str) -> PathBuf {
+    let st = w.s.storage.to_str().unwrap();
+    let base = match api {
+        "anthropic-messages" => format!("http://127.0.0.1:{}", ep.port),
+        _ => format!("http://127.0.0.1:{}/v1", ep.port),
+    };
+    let secrets = w.s.dir.path().join("secrets");
+    let ctx = |args: &[&str]| {
+        let mut c = Command::new(tests::bin("ctx"));
+        c.args(args)
+            .env("CTX_SECRETS", &secrets)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        child.stdin.take().unwrap().write_all(key.as_bytes()).unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+    };
+    ctx(&["model", "add", "local/m1", "--api", api, "--base-url", &base, "--id", "m-1", "--source", st]);
+    ctx(&["model", "alias", "main", "local/m1", "--source", st]);
+    ctx(&["agent", "grant", "coder", "model:main", "use", "--source", st]);
+    ctx(&["secret", "set", "local"]);
+    secrets
+}
+
+/// Runs coder with `profile` and `args`, its key from `secrets`, headless.
+fn run_cli(w: &World, s: &str, profile: &str, secrets: &Path, args: &[&str]) -> Output {
+    Command::new(tests::bin("ctx"))
+        .args(["agent", "start", "coder", "--session", s, "--ctx"])
+        .arg(&w.s.mnt)
+        .arg("--control")
+        .arg(&w.s.control)
+        .arg("--cwd")
+        .arg(&w.work)
+        .args(["--wait", "--profile", profile, "--"])
+        .args(args)
+        .env("CTX_SECRETS", secrets)
+        .output()
+        .unwrap()
+}
+
+/// The tool events of a session.
+fn tool_calls(w: &World, s: &str) -> Vec<String> {
+    let events =
+        fs::read_to_string(w.s.storage.join(format!("home/1000/agent/coder/session/{s}/events.jsonl")))
+            .unwrap_or_default();
+    events.lines().filter(|l| l.contains("\"tool.call\"")).map(str::to_owned).collect()
+}
+
+#[test]
+fn codex_does_a_real_turn_through_its_profile_and_continues_from_its_home() {
+    let ep = tests::model_endpoint::Endpoint::start("tsh fs.stat /workspace/a.txt", "CHECKED");
+    let w = World::new();
+    let secrets = with_model(&w, "openai-responses", &ep, "sk-codex-test-key");
+    let s = session("cxturn");
+    let prompt = "stat a.txt";
+    let out = run_cli(
+        &w,
+        &s,
+        "codex",
+        &secrets,
+        &["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", prompt],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("CHECKED"), "the final answer reaches the caller: {}", text(&out));
+    assert!(tool_calls(&w, &s).iter().any(|l| l.contains("fs.stat")), "{:?}", tool_calls(&w, &s));
+    let seen = ep.seen();
+    assert!(seen.iter().all(|r| r.key.as_deref() == Some("sk-codex-test-key")), "{seen:?}");
+    assert!(seen.iter().all(|r| r.body["model"] == "m-1"), "{seen:?}");
+    // A second run resumes the conversation the first left in the agent's home.
+    let out = run_cli(
+        &w,
+        &s,
+        "codex",
+        &secrets,
+        &[
+            "exec",
+            "--skip-git-repo-check",
+            "--dangerously-bypass-approvals-and-sandbox",
+            "resume",
+            "--last",
+            "again",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let last = ep.seen().last().unwrap().body.to_string();
+    assert!(last.contains(prompt) && last.contains("again"), "the second turn carries the first: {last}");
+}
+
+#[test]
+fn claude_does_a_real_turn_through_its_profile_and_continues_from_its_home() {
+    let ep = tests::model_endpoint::Endpoint::start("tsh fs.stat /workspace/a.txt", "CHECKED");
+    let w = World::new();
+    let secrets = with_model(&w, "anthropic-messages", &ep, "sk-ant-claude-test-key");
+    let s = session("clturn");
+    let prompt = "stat a.txt";
+    let out = run_cli(&w, &s, "claude", &secrets, &["-p", "--dangerously-skip-permissions", prompt]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("CHECKED"), "{}", text(&out));
+    assert!(tool_calls(&w, &s).iter().any(|l| l.contains("fs.stat")), "{:?}", tool_calls(&w, &s));
+    let seen = ep.seen();
+    assert!(seen.iter().any(|r| r.path.ends_with("/messages")), "{seen:?}");
+    assert!(seen.iter().all(|r| r.key.as_deref() == Some("sk-ant-claude-test-key")), "{seen:?}");
+    let out =
+        run_cli(&w, &s, "claude", &secrets, &["-p", "--dangerously-skip-permissions", "--continue", "again"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let last = ep.seen().iter().rev().find(|r| r.path.ends_with("/v1/messages")).unwrap().body.to_string();
+    assert!(last.contains(prompt) && last.contains("again"), "the second turn carries the first: {last}");
+}

@@ -221,9 +221,17 @@ pub struct StartArgs {
     /// The daemon's control socket.
     #[arg(long, default_value = policy::runtime::CONTROL_SOCKET)]
     control: PathBuf,
-    /// Wait until the terminal ends and exit with its status.
+    /// Wait until the terminal ends and exit with its status. When standard output is not a
+    /// terminal, the command runs headless (as with --headless) unless --tty.
     #[arg(long)]
     wait: bool,
+    /// Run the command on this process's standard streams, without a PTY: its output arrives
+    /// here as it comes and its status is the exit code (implies --wait).
+    #[arg(long, conflicts_with = "tty")]
+    headless: bool,
+    /// With --wait, keep the agent's terminal (a PTY) even when standard output is not one.
+    #[arg(long)]
+    tty: bool,
     /// Seconds between SIGTERM and SIGKILL when stopping.
     #[arg(long, default_value_t = 5)]
     grace: u64,
@@ -518,7 +526,9 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                 no_ceilings: a.no_ceilings,
                 ctx: a.ctx,
                 control: a.control,
-                wait: a.wait,
+                wait: a.wait || a.headless,
+                headless: a.headless
+                    || (a.wait && !a.tty && !std::io::IsTerminal::is_terminal(&std::io::stdout())),
                 grace: a.grace,
                 resume: a.resume,
                 timeout: a.timeout,

@@ -5,6 +5,7 @@ pub mod bootstrap;
 pub mod doctor;
 pub mod generate;
 pub mod man;
+pub mod model;
 pub mod mount;
 pub mod name;
 pub mod object;

@@ -11,7 +11,7 @@ use policy::runtime;
 use policy::v0::{Class, Permission, Policy, Query};
 use serde::{Deserialize, Serialize};
 
-use super::{Error, Result, profiles};
+use super::{Error, Result, models, profiles};
 
 /// One bind of the mount table, with its flags.
 #[derive(Debug, Serialize, Deserialize)]
@@ -83,6 +83,38 @@ pub struct Contract {
     /// What the run starts without, and why (each one a `run.warning` event in the session).
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// The agent's persistent home as the run's view shows it, bound at `/home/agent` (a
+    /// command of its own; the tsh path keeps a private tmpfs there).
+    #[serde(default)]
+    pub home: Option<PathBuf>,
+    /// Directories the profile needs in that home.
+    #[serde(default)]
+    pub home_dirs: Vec<String>,
+    /// The model the run's CLI is pointed at (`PROVIDER/MODEL`).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// The variable the CLI reads its key from. The key itself is never in the contract.
+    #[serde(default)]
+    pub key_env: Option<String>,
+    /// The key: handed to the supervisor through a pipe, never written down.
+    #[serde(skip)]
+    pub key: Option<Key>,
+    /// A port of the host's loopback the run reaches its model on, without a network (pasta
+    /// splices that one port into an otherwise empty namespace).
+    #[serde(default)]
+    pub egress: Option<u16>,
+    /// The command runs on the caller's streams, without a PTY.
+    #[serde(default)]
+    pub headless: bool,
+}
+
+/// A model key in memory; never printed.
+pub struct Key(pub Vec<u8>);
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Key(..)")
+    }
 }
 
 fn invalid(msg: impl Into<String>) -> Error {
@@ -153,6 +185,8 @@ pub struct Start {
     pub cpu: Option<u64>,
     /// Start without any ceiling (where the host cannot apply them).
     pub no_ceilings: bool,
+    /// Run the command on the caller's streams, without a PTY (with `wait`).
+    pub headless: bool,
 }
 
 /// Whether pasta can give `uid` a network: pasta installed, `/dev/net/tun` present and open to
@@ -197,6 +231,11 @@ pub fn preflight() -> Result<(), String> {
         return Err("user namespaces are disabled (user.max_user_namespaces=0): sysctl -w user.max_user_namespaces=15000".into());
     }
     Ok(())
+}
+
+/// The shell of a sandbox: bash where the host has it.
+fn shell() -> &'static str {
+    if Path::new("/bin/bash").exists() { "/bin/bash" } else { "/bin/sh" }
 }
 
 /// Derives the contract of the run `s` asks for.
@@ -323,10 +362,10 @@ pub fn derive(s: &Start) -> Result<Contract> {
         ("HOME".to_owned(), "/home/agent".to_owned()),
         ("USER".to_owned(), s.agent.clone()),
         ("LOGNAME".to_owned(), s.agent.clone()),
-        ("SHELL".to_owned(), "/ctx/bin/tsh".to_owned()),
+        ("SHELL".to_owned(), shell().to_owned()),
         ("TERM".to_owned(), std::env::var("TERM").unwrap_or_else(|_| "xterm-256color".into())),
         ("LANG".to_owned(), "C.UTF-8".to_owned()),
-        ("PATH".to_owned(), "/usr/bin:/bin".to_owned()),
+        ("PATH".to_owned(), "/ctx/bin:/usr/local/bin:/usr/bin:/bin".to_owned()),
     ];
     if workspace.is_some() {
         env.push(("CTX_WORKSPACE".to_owned(), "/workspace".to_owned()));
@@ -368,6 +407,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
             })?),
         },
     };
+    let (mut model, mut key_env, mut key, mut egress, mut home_dirs) = (None, None, None, None, Vec::new());
     let cmd = match &s.profile {
         Some(name) => {
             let p = profiles::find(name).ok_or_else(|| {
@@ -380,11 +420,48 @@ pub fn derive(s: &Start) -> Result<Contract> {
                 )));
             }
             env.extend(p.env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
-            std::iter::once(p.program.to_owned()).chain(s.cmd.iter().cloned()).collect()
+            home_dirs = p.dirs.iter().map(|d| (*d).to_owned()).collect();
+            let mut args = Vec::new();
+            // The agent's model (or main): none at all leaves the CLI with its own configuration.
+            let named = read_control(&s.ctx, &s.agent, "model").unwrap_or_default();
+            let named = named.lines().next().unwrap_or("").trim().to_owned();
+            let unset = named.is_empty() && models::alias_target(&s.ctx, "main").is_none();
+            if p.hosted && unset {
+                warnings.push(format!(
+                    "profile {}: the agent names no model and model/main is not set: the CLI runs with \
+                     its own configuration (ctx model add, ctx model alias main)",
+                    p.name
+                ));
+            } else if p.hosted {
+                let m = models::for_launch(&s.ctx, &s.agent, &label, &policy, &named)?;
+                let w = profiles::wire(p, &m)?;
+                if !network {
+                    if !m.driver.base_url.is_loopback() {
+                        return Err(Error::Unavailable(format!(
+                            "model {} is served at {}: an agent without network:default connect reaches \
+                             only a model on this host's loopback (ctx agent grant {} network:default connect)",
+                            m.name,
+                            m.driver.base_url.authority(),
+                            s.agent
+                        )));
+                    }
+                    egress = Some(m.driver.base_url.port);
+                }
+                key = models::key(&m)?.map(Key);
+                key_env = w.key_env.filter(|_| key.is_some());
+                for (k, v) in w.env {
+                    env.retain(|(key, _)| *key != k);
+                    env.push((k, v));
+                }
+                args = w.args;
+                model = Some(m.name);
+            }
+            std::iter::once(p.program.to_owned()).chain(args).chain(s.cmd.iter().cloned()).collect()
         }
         None if s.cmd.is_empty() => vec!["/ctx/bin/tsh".to_owned()],
         None => s.cmd.clone(),
     };
+    let records_only = s.cmd.is_empty() && s.profile.as_deref().is_none_or(|p| p == "tsh");
     let limits = ceilings(s)?;
     let session_of = match &s.resume {
         Some(owner) => Some(resumable(s, owner, &label, &policy, uid)?),
@@ -416,8 +493,16 @@ pub fn derive(s: &Start) -> Result<Contract> {
             .ok()
             .and_then(|t| policy::status::field(&t, "storage").map(PathBuf::from)),
         ctx: s.ctx.clone(),
-        records_only: s.cmd.is_empty() && s.profile.as_deref().is_none_or(|p| p == "tsh"),
+        records_only,
         warnings,
+        home: (!records_only)
+            .then(|| runtime::agent_home(&runtime::view_dir(&s.agent, &s.session), uid, &s.agent)),
+        home_dirs,
+        model,
+        key_env,
+        key,
+        egress,
+        headless: s.headless && s.wait,
     })
 }
 

@@ -1,39 +1,70 @@
-//! Launch profiles: which program runs in an agent's terminal and what it needs.
+//! Launch profiles: which program runs in an agent's terminal, what it needs in its home, and
+//! how the agent's model route becomes the CLI's own configuration.
+//!
+//! CortexFS runs these CLIs as they are; it never re-implements their model loop, sessions or
+//! approvals. A profile only spells, in the CLI's own options and variables, where the model is
+//! (its base URL, API and id) and which variable holds the key; the key itself reaches the
+//! CLI's environment through a descriptor (see [`super::supervise`]), never its arguments.
 
-/// A hosted CLI launch profile: which program runs in the terminal and what it needs. CortexFS
-/// runs these CLIs as they are; it never re-implements their model loop, sessions or approvals.
+use policy::model::Api;
+
+use super::models::Model;
+use super::{Error, Result};
+
+/// A hosted CLI launch profile.
 #[derive(Debug)]
 pub struct Profile {
     /// `--profile NAME`.
     pub name: &'static str,
     /// The program, as seen inside the sandbox (host `/usr` is bound read-only).
     pub program: &'static str,
-    /// Environment it needs (its state under the sandbox's private `HOME`).
+    /// Environment it needs (its state in the agent's home, `/home/agent`).
     pub env: &'static [(&'static str, &'static str)],
+    /// Directories it needs in the agent's home, made before the run (relative to it).
+    pub dirs: &'static [&'static str],
     /// Where it comes from, for the error when it is missing.
     pub install: &'static str,
+    /// Whether it talks to a model (and so resolves the agent's).
+    pub hosted: bool,
 }
 
-/// The profiles. Each CLI runs on the terminal's PTY.
+/// The profiles. Each CLI runs on the terminal's PTY, or headless on the caller's streams.
 pub const PROFILES: &[Profile] = &[
-    Profile { name: "tsh", program: "/ctx/bin/tsh", env: &[], install: "ctx mount serves it in /ctx/bin" },
+    Profile {
+        name: "tsh",
+        program: "/ctx/bin/tsh",
+        env: &[],
+        dirs: &[],
+        install: "ctx mount serves it in /ctx/bin",
+        hosted: false,
+    },
     Profile {
         name: "codex",
         program: "/usr/bin/codex",
         env: &[("CODEX_HOME", "/home/agent/.codex")],
+        dirs: &[".codex"],
         install: "npm install -g @openai/codex",
+        hosted: true,
     },
     Profile {
         name: "claude",
         program: "/usr/bin/claude",
-        env: &[("CLAUDE_CONFIG_DIR", "/home/agent/.claude"), ("DISABLE_AUTOUPDATER", "1")],
+        env: &[
+            ("CLAUDE_CONFIG_DIR", "/home/agent/.claude"),
+            ("DISABLE_AUTOUPDATER", "1"),
+            ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
+        ],
+        dirs: &[".claude"],
         install: "npm install -g @anthropic-ai/claude-code",
+        hosted: true,
     },
     Profile {
         name: "pi",
         program: "/usr/bin/pi",
         env: &[],
+        dirs: &[".pi"],
         install: "npm install -g @mariozechner/pi-coding-agent",
+        hosted: true,
     },
 ];
 
@@ -45,4 +76,98 @@ pub fn find(name: &str) -> Option<&'static Profile> {
 /// The names of every profile.
 pub fn names() -> Vec<&'static str> {
     PROFILES.iter().map(|p| p.name).collect()
+}
+
+/// A model route turned into a CLI's configuration.
+#[derive(Debug, Default)]
+pub struct Wired {
+    /// Arguments before the operator's.
+    pub args: Vec<String>,
+    /// Variables of the CLI.
+    pub env: Vec<(String, String)>,
+    /// The variable the CLI reads its key from.
+    pub key_env: Option<String>,
+}
+
+/// How `p` is pointed at `m`.
+pub fn wire(p: &Profile, m: &Model) -> Result<Wired> {
+    let url = m.driver.base_url.to_string();
+    let refuse = |why: &str| {
+        Err(Error::Invalid(format!(
+            "profile {} cannot use model {} ({}): {why}",
+            p.name, m.name, m.driver.api
+        )))
+    };
+    match p.name {
+        "codex" => {
+            let wire_api = match m.driver.api {
+                Api::OpenaiResponses => "responses",
+                Api::OpenaiChat => "chat",
+                Api::AnthropicMessages => return refuse("Codex speaks the OpenAI APIs only"),
+            };
+            let key = "CORTEXFS_MODEL_KEY";
+            let mut c = vec![
+                "model_provider=\"cortexfs\"".to_owned(),
+                "model_providers.cortexfs.name=\"cortexfs\"".to_owned(),
+                format!("model_providers.cortexfs.base_url={}", toml_string(&url)),
+                format!("model_providers.cortexfs.wire_api=\"{wire_api}\""),
+                format!("model={}", toml_string(&m.id)),
+            ];
+            if m.driver.needs_key {
+                c.push(format!("model_providers.cortexfs.env_key=\"{key}\""));
+            }
+            Ok(Wired {
+                args: c.into_iter().flat_map(|c| ["-c".to_owned(), c]).collect(),
+                env: Vec::new(),
+                key_env: m.driver.needs_key.then(|| key.to_owned()),
+            })
+        }
+        "claude" => {
+            if m.driver.api != Api::AnthropicMessages {
+                return refuse("Claude Code speaks Anthropic Messages only");
+            }
+            let env = [
+                ("ANTHROPIC_BASE_URL", url.as_str()),
+                ("ANTHROPIC_MODEL", m.id.as_str()),
+                ("ANTHROPIC_DEFAULT_HAIKU_MODEL", m.id.as_str()),
+                ("ANTHROPIC_DEFAULT_SONNET_MODEL", m.id.as_str()),
+                ("ANTHROPIC_DEFAULT_OPUS_MODEL", m.id.as_str()),
+            ];
+            Ok(Wired {
+                args: Vec::new(),
+                env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+                key_env: m.driver.needs_key.then(|| "ANTHROPIC_API_KEY".to_owned()),
+            })
+        }
+        _ => refuse("this profile has no model wiring; give the CLI its configuration in the agent's home"),
+    }
+}
+
+/// `s` as a TOML basic string.
+fn toml_string(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(api: &str) -> Model {
+        let driver =
+            policy::model::parse(format!("api={api}\nbase_url=http://127.0.0.1:9/v1\n").as_bytes()).unwrap();
+        Model { name: "local/m".into(), driver, id: "m-1".into() }
+    }
+
+    #[test]
+    fn codex_gets_a_provider_of_its_own_and_never_the_key() {
+        let w = wire(find("codex").unwrap(), &model("openai-responses")).unwrap();
+        let args = w.args.join(" ");
+        assert!(args.contains("model_providers.cortexfs.base_url=\"http://127.0.0.1:9/v1\""), "{args}");
+        assert!(args.contains("model=\"m-1\"") && args.contains("wire_api=\"responses\""), "{args}");
+        assert_eq!(w.key_env.as_deref(), Some("CORTEXFS_MODEL_KEY"));
+        assert!(wire(find("claude").unwrap(), &model("openai-responses")).is_err());
+        let c = wire(find("claude").unwrap(), &model("anthropic-messages")).unwrap();
+        assert!(c.env.contains(&("ANTHROPIC_MODEL".into(), "m-1".into())));
+        assert_eq!(c.key_env.as_deref(), Some("ANTHROPIC_API_KEY"));
+    }
 }

@@ -249,6 +249,7 @@ impl Run {
             ctx: self.ctx.clone(),
             control: self.control.clone(),
             wait: false,
+            headless: false,
             grace: 5,
             resume: None,
             timeout: None,

@@ -17,6 +17,10 @@ use policy::runtime;
 use super::binds::{self, Attrs};
 use super::{Contract, Error, Result, SANDBOX_UMASK};
 
+/// `/etc/profile.d/zz-cortexfs.sh` in a sandbox.
+const PATH_SH: &str =
+    "case \":$PATH:\" in *:/ctx/bin:*) ;; *) PATH=\"/ctx/bin:$PATH\"; export PATH ;; esac\n";
+
 /// Where the run directory keeps the idmapped workspace.
 fn idmapped(c: &Contract) -> PathBuf {
     c.runtime.join("workspace")
@@ -105,6 +109,12 @@ pub fn command(c: &Contract, procs: &[PathBuf]) -> Result<Command> {
     cmd.arg("--");
     if c.network {
         cmd.args(["pasta", "--config-net", "--quiet", "--"]);
+    } else if let Some(port) = c.egress {
+        // No network but the model: a namespace with only loopback, where pasta splices this
+        // one port to the host's loopback (and nothing else: no address, no route, no other
+        // forwarded port).
+        cmd.args(["pasta", "--quiet", "-t", "none", "-u", "none", "-U", "none", "-T"]).arg(port.to_string());
+        cmd.arg("--");
     }
     let workspace = workspace(c)?;
     // The seccomp filter reaches bwrap as descriptor 3, opened by a shell right before it execs
@@ -112,7 +122,15 @@ pub fn command(c: &Contract, procs: &[PathBuf]) -> Result<Command> {
     let filter = c.runtime.join("seccomp.bpf");
     let program = super::seccomp::program().map_err(|e| Error::Seccomp(e.to_string()))?;
     std::fs::write(&filter, program).map_err(run_io(&filter))?;
-    cmd.args(["/bin/sh", "-c", "exec \"$@\" 3<\"$0\""]).arg(&filter);
+    if c.key_env.is_some() {
+        // The key's FIFO (the supervisor writes the key once, when this opens it) becomes
+        // descriptor 4, which bwrap passes on to ctxterm.
+        cmd.args(["/bin/sh", "-c", "f=$0 k=$1; shift; exec \"$@\" 3<\"$f\" 4<\"$k\""])
+            .arg(&filter)
+            .arg(key_fifo(c));
+    } else {
+        cmd.args(["/bin/sh", "-c", "exec \"$@\" 3<\"$0\""]).arg(&filter);
+    }
     cmd.arg("bwrap").args([
         "--seccomp",
         "3",
@@ -126,7 +144,7 @@ pub fn command(c: &Contract, procs: &[PathBuf]) -> Result<Command> {
     ]);
     // The agent's ids inside too (under pasta, the process starting bwrap is its namespace's root).
     cmd.arg("--uid").arg(c.uid.to_string()).arg("--gid").arg(c.gid.to_string());
-    if !c.network {
+    if !c.network && c.egress.is_none() {
         cmd.arg("--unshare-net");
     }
     cmd.args(["--ro-bind", "/usr", "/usr"]);
@@ -140,7 +158,24 @@ pub fn command(c: &Contract, procs: &[PathBuf]) -> Result<Command> {
         }
     }
     cmd.args(["--ro-bind", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
-    cmd.args(["--dir", "/home/agent", "--hostname", &c.agent]);
+    // Login shells (the CLIs run commands through `bash -lc`) rebuild PATH from /etc/profile:
+    // the host's profile.d, plus one file that puts /ctx/bin (tsh) back in front.
+    let path_sh = c.runtime.join("path.sh");
+    std::fs::write(&path_sh, PATH_SH).map_err(run_io(&path_sh))?;
+    cmd.args(["--tmpfs", "/etc/profile.d"]);
+    if let Ok(entries) = std::fs::read_dir("/etc/profile.d") {
+        for e in entries.flatten() {
+            let p = e.path();
+            cmd.arg("--ro-bind").arg(&p).arg(&p);
+        }
+    }
+    cmd.arg("--ro-bind").arg(&path_sh).arg("/etc/profile.d/zz-cortexfs.sh");
+    cmd.args(["--remount-ro", "/etc/profile.d"]);
+    match &c.home {
+        Some(h) => cmd.arg("--bind").arg(h).arg("/home/agent"),
+        None => cmd.args(["--dir", "/home/agent"]),
+    };
+    cmd.args(["--hostname", &c.agent]);
     cmd.arg("--bind").arg(&c.view).arg("/ctx");
     cmd.arg("--bind").arg(c.runtime.join("term")).arg(runtime::SANDBOX_TERMINAL);
     cmd.arg("--bind").arg(c.runtime.join("receipt")).arg(runtime::SANDBOX_RECEIPT);
@@ -156,9 +191,17 @@ pub fn command(c: &Contract, procs: &[PathBuf]) -> Result<Command> {
     for (k, v) in &c.env {
         cmd.args(["--setenv", k, v]);
     }
-    cmd.args(["--new-session", "--", "/ctx/bin/ctxterm", "--socket", runtime::SANDBOX_TERMINAL_SOCKET]);
-    if c.wait_client {
+    cmd.args(["--new-session", "--", "/ctx/bin/ctxterm"]);
+    if c.headless {
+        cmd.arg("--headless");
+    } else {
+        cmd.args(["--socket", runtime::SANDBOX_TERMINAL_SOCKET]);
+    }
+    if c.wait_client && !c.headless {
         cmd.arg("--wait-client");
+    }
+    if let Some(k) = &c.key_env {
+        cmd.args(["--key-fd", "4", "--key-env", k]);
     }
     cmd.arg("--");
     cmd.args(&c.cmd);
@@ -166,6 +209,12 @@ pub fn command(c: &Contract, procs: &[PathBuf]) -> Result<Command> {
     // Inherited through setpriv and bwrap by everything in the sandbox.
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(SANDBOX_UMASK));
     Ok(cmd)
+}
+
+/// The FIFO the run's key passes through: in the run directory, the agent's, mode 0600; it
+/// holds no bytes at rest.
+pub fn key_fifo(c: &Contract) -> PathBuf {
+    c.runtime.join("key")
 }
 
 /// Undoes what [`command`] prepared: the idmapped workspace, the prepared binds, the filter.
@@ -181,4 +230,6 @@ pub fn release(c: &Contract) {
     }
     let _ = std::fs::remove_dir_all(&prepared);
     let _ = std::fs::remove_file(c.runtime.join("seccomp.bpf"));
+    let _ = std::fs::remove_file(key_fifo(c));
+    let _ = std::fs::remove_file(c.runtime.join("path.sh"));
 }

@@ -20,6 +20,25 @@ fn at(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
     move |source| Error::Session { path: path.to_path_buf(), source }
 }
 
+/// Creates (or keeps) the agent's persistent home through the host mount `ctx`: mode 0700,
+/// owned by the agent; returns its path there.
+pub fn prepare_home(ctx: &Path, uid: u32, gid: u32, agent: &str) -> Result<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let h = runtime::agent_home(ctx, uid, agent);
+    std::fs::create_dir_all(&h).map_err(at(&h))?;
+    let mut up = h.clone();
+    for _ in 0..2 {
+        let _ = rustix::fs::chown(
+            &up,
+            Some(rustix::fs::Uid::from_raw(uid)),
+            Some(rustix::fs::Gid::from_raw(gid)),
+        );
+        up.pop();
+    }
+    std::fs::set_permissions(&h, std::fs::Permissions::from_mode(0o700)).map_err(at(&h))?;
+    Ok(h)
+}
+
 /// Creates (or reopens) a session for a run, through the host mount `ctx`: every file of the
 /// layout, owned by the agent (`uid`, `gid`).
 pub fn prepare(ctx: &Path, uid: u32, gid: u32, agent: &str, session: &str, cwd: &str) -> Result<()> {

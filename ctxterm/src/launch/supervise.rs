@@ -49,6 +49,19 @@ fn spawn(s: &Start) -> Result<(Contract, std::process::Child)> {
     // The session, in the agent's home, owned by the agent.
     let cwd = if c.workspace.is_some() { "/workspace" } else { "/" };
     session::prepare(&s.ctx, c.uid, c.gid, c.session_owner(), &c.session, cwd)?;
+    // The agent's persistent home, with what its profile keeps there.
+    if c.home.is_some() {
+        let h = session::prepare_home(&s.ctx, c.uid, c.gid, &c.agent)?;
+        for d in &c.home_dirs {
+            let p = h.join(d);
+            std::fs::create_dir_all(&p).map_err(|source| Error::Session { path: p.clone(), source })?;
+            let _ = rustix::fs::chown(
+                &p,
+                Some(rustix::fs::Uid::from_raw(c.uid)),
+                Some(rustix::fs::Gid::from_raw(c.gid)),
+            );
+        }
+    }
     for w in &c.warnings {
         eprintln!("ctx: warning: agent {}: {w}", c.agent);
         let dir = runtime::session_dir(&s.ctx, c.uid, c.session_owner(), &c.session);
@@ -83,17 +96,80 @@ fn spawn(s: &Start) -> Result<(Contract, std::process::Child)> {
     let log_path = c.runtime.join("log");
     let log = rundir::private(&log_path)?;
     let err = log.try_clone().map_err(|source| Error::RunDir { path: log_path.clone(), source })?;
-    let child = Command::new(supervisor_program()?)
-        .arg("supervise")
-        .arg(&contract_file)
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(err)
-        .process_group(0)
-        .spawn()
-        .map_err(|e| Error::Supervise(format!("starting the supervisor: {e}")))?;
+    let mut sup = Command::new(supervisor_program()?);
+    sup.arg("supervise").arg(&contract_file).process_group(0);
+    // A headless run's command writes to the caller's streams: the supervisor gets them and
+    // keeps its own log on the side.
+    if !c.headless {
+        sup.stdin(Stdio::null()).stdout(log).stderr(err);
+    }
+    // The key goes to the supervisor through a pipe of its own, never its arguments or
+    // environment (from which the route's variables are removed).
+    let key_pipe = match &c.key {
+        Some(k) => Some(key_pipe(&k.0)?),
+        None => None,
+    };
+    if let Some(r) = &key_pipe {
+        sup.arg("--key-fd").arg(std::os::fd::AsRawFd::as_raw_fd(r).to_string());
+    }
+    for v in KEY_VARIABLES {
+        sup.env_remove(v);
+    }
+    if let Some(m) = &c.model
+        && let Ok(model) = super::models::read(&s.ctx, m)
+    {
+        for v in model.driver.key_vars() {
+            sup.env_remove(v);
+        }
+    }
+    let child = sup.spawn().map_err(|e| Error::Supervise(format!("starting the supervisor: {e}")))?;
+    drop(key_pipe);
     rundir::write_pid(&c, child.id())?;
     Ok((c, child))
+}
+
+/// Variables that conventionally hold model keys: never passed to a supervisor.
+const KEY_VARIABLES: [&str; 2] = ["OPENAI_API_KEY", "ANTHROPIC_API_KEY"];
+
+/// A pipe holding `key`, its read end inheritable (the supervisor reads it to its end).
+fn key_pipe(key: &[u8]) -> Result<std::os::fd::OwnedFd> {
+    let fail = |e: rustix::io::Errno| Error::Supervise(format!("the key's pipe: {e}"));
+    let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(fail)?;
+    if key.len() > 64 * 1024 {
+        return Err(Error::Invalid("a model key is at most 64 KiB".into()));
+    }
+    std::fs::File::from(w).write_all(key).map_err(|e| Error::Supervise(format!("the key's pipe: {e}")))?;
+    rustix::io::fcntl_setfd(&r, rustix::io::FdFlags::empty()).map_err(fail)?;
+    Ok(r)
+}
+
+/// Makes the FIFO the sandbox takes the key from (the agent's, mode 0600) and writes the key
+/// into it once, when the sandbox opens it; the FIFO goes once read.
+fn serve_key(c: &Contract, key: Vec<u8>) -> Result<()> {
+    let fifo = sandbox::key_fifo(c);
+    let _ = std::fs::remove_file(&fifo);
+    let shown = fifo.display().to_string();
+    let fail = |e: std::io::Error| Error::Supervise(format!("{shown}: {e}"));
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .map_err(|e| fail(e.into()))?;
+    rustix::fs::chown(&fifo, Some(rustix::fs::Uid::from_raw(c.uid)), Some(rustix::fs::Gid::from_raw(c.gid)))
+        .map_err(|e| fail(e.into()))?;
+    std::thread::Builder::new()
+        .name("key".into())
+        .spawn(move || {
+            if let Ok(mut f) = std::fs::OpenOptions::new().write(true).open(&fifo) {
+                let _ = std::fs::remove_file(&fifo);
+                let _ = f.write_all(&key);
+            }
+        })
+        .map_err(fail)?;
+    Ok(())
 }
 
 /// How a run's terminal came up.
@@ -162,6 +238,16 @@ pub enum Started {
 /// and fails with [`Error::Status`] when its status is not 0.
 pub fn start(s: &Start, out: &mut dyn Write) -> Result<Started> {
     let (c, mut child) = spawn(s)?;
+    if c.headless {
+        // The command ran on our streams; its status is the run's.
+        let st = child.wait()?;
+        return match rundir::recorded_exit(&c.runtime) {
+            Some(0) => Ok(Started::Ended),
+            Some(code) => Err(Error::Status(code)),
+            None if st.success() => Ok(Started::Ended),
+            None => Err(ended_at_once(&c)),
+        };
+    }
     let sock = c.runtime.join("term/main.sock");
     let watcher = match ready(&c, &mut child, s.wait)? {
         Ready::Up(w) => w,
@@ -182,9 +268,33 @@ pub fn start(s: &Start, out: &mut dyn Write) -> Result<Started> {
 }
 
 /// Runs the supervisor of the run whose contract is at `contract_file`.
-pub fn supervise(contract_file: &Path) -> Result<()> {
+pub fn supervise(contract_file: &Path, key_fd: Option<i32>) -> Result<()> {
     let c = rundir::read_contract(contract_file)?;
     let fail = |what: &str, e: std::io::Error| Error::Supervise(format!("{what}: {e}"));
+    let key = match key_fd {
+        Some(fd) => Some(crate::term::read_secret_fd(fd).map_err(|e| fail("--key-fd", e))?),
+        None => None,
+    };
+    // A headless run's command gets the streams this supervisor was started with; the
+    // supervisor's own words go to its log.
+    let streams = if c.headless {
+        let keep = |fd: std::os::fd::BorrowedFd<'_>| {
+            rustix::io::fcntl_dupfd_cloexec(fd, 3).map_err(|e| fail("keeping the caller's streams", e.into()))
+        };
+        let kept =
+            (keep(rustix::stdio::stdin())?, keep(rustix::stdio::stdout())?, keep(rustix::stdio::stderr())?);
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(c.runtime.join("log"))
+            .map_err(|e| fail("log", e))?;
+        let null = std::fs::File::open("/dev/null").map_err(|e| fail("/dev/null", e))?;
+        rustix::stdio::dup2_stdin(&null).map_err(|e| fail("dup2", e.into()))?;
+        rustix::stdio::dup2_stdout(&log).map_err(|e| fail("dup2", e.into()))?;
+        rustix::stdio::dup2_stderr(&log).map_err(|e| fail("dup2", e.into()))?;
+        Some(kept)
+    } else {
+        None
+    };
     // Signals asking the run to stop arrive on a pipe, so that one poll waits for them and for
     // the sandbox to end (its pidfd).
     let (signals, signalled) =
@@ -210,6 +320,12 @@ pub fn supervise(contract_file: &Path) -> Result<()> {
     let groups = cgroups::create(&format!("{}.{}", c.agent, c.session), &limits)
         .map_err(|e| Error::Cgroups(e.to_string()))?;
     let mut cmd = sandbox::command(&c, &groups.procs())?;
+    if let Some((i, o, e)) = streams {
+        cmd.stdin(Stdio::from(i)).stdout(Stdio::from(o)).stderr(Stdio::from(e));
+    }
+    if let Some(k) = key {
+        serve_key(&c, k)?;
+    }
     let mut child = cmd.spawn().map_err(Error::Spawn)?;
     let started = Instant::now();
     let mut timed_out = false;

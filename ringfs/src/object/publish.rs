@@ -62,6 +62,9 @@ pub fn class_dir(storage: &Path, class: ObjectClass, tier: Tier) -> Result<PathB
         (ObjectClass::Agent, Tier::User { .. }) => Err(Error::Conflict(
             "agents are installed in the system tier only (home/<uid>/agent/ holds sessions)".into(),
         )),
+        (ObjectClass::Model, Tier::User { .. }) => {
+            Err(Error::Conflict("models are installed in the system tier only".into()))
+        }
     }
 }
 
@@ -160,7 +163,7 @@ fn stage(dir: &OwnedFd, shown: &Path, checked: &Checked) -> Result<String> {
     }
     // Runtime controls start empty; the runtime writes them.
     let runtime: &[&str] = match class {
-        ObjectClass::Tool => &["status", "log"],
+        ObjectClass::Tool | ObjectClass::Model => &["status", "log"],
         ObjectClass::Agent => &["status", "log", "pid"],
     };
     for r in runtime {
@@ -242,9 +245,16 @@ pub struct Installed {
 /// interrupted install or uninstall is residue and is cleared first).
 pub fn install(storage: &Path, checked: &Checked, tier: Tier) -> Result<Installed> {
     existing(storage)?;
+    let dir = class_dir(storage, checked.manifest.class, tier)?;
+    install_into(&dir, checked)
+}
+
+/// Installs a checked object into `dir` (made when missing), as [`install`] does into its
+/// class's directory: a model goes into `model/<provider>/`.
+pub fn install_into(dir: &Path, checked: &Checked) -> Result<Installed> {
     let class = checked.manifest.class;
     let name = checked.manifest.name.as_str();
-    let dir = class_dir(storage, class, tier)?;
+    let dir = dir.to_path_buf();
     ensure_dir(&dir)?;
     let dfd = open_dir(&dir)?;
     let ctl = format!("{name}.d");
@@ -373,11 +383,23 @@ pub fn residue(storage: &Path, class: ObjectClass, tier: Tier) -> Result<Vec<Pat
 }
 
 /// Checks `name` and opens the directory its class lives in.
-fn object_dir(storage: &Path, class: ObjectClass, name: &str, tier: Tier) -> Result<(PathBuf, OwnedFd)> {
-    policy::name::validate(name).map_err(|e| Error::Invalid(format!("invalid name {name:?}: {e}")))?;
-    let dir = class_dir(storage, class, tier)?;
+/// The directory holding `class/name`, open, and the object's name in it. A model is named
+/// `PROVIDER/MODEL` and lives in `model/<provider>/`.
+fn object_dir<'n>(
+    storage: &Path,
+    class: ObjectClass,
+    name: &'n str,
+    tier: Tier,
+) -> Result<(PathBuf, OwnedFd, &'n str)> {
+    let (dir, name) = if class == ObjectClass::Model {
+        let (provider, model) = policy::model::check_name(name).map_err(Error::Invalid)?;
+        (class_dir(storage, class, tier)?.join(provider), model)
+    } else {
+        policy::name::validate(name).map_err(|e| Error::Invalid(format!("invalid name {name:?}: {e}")))?;
+        (class_dir(storage, class, tier)?, name)
+    };
     let dfd = open_dir(&dir)?;
-    Ok((dir, dfd))
+    Ok((dir, dfd, name))
 }
 
 /// One step of a plan, as shown by a dry run.
@@ -392,7 +414,7 @@ pub fn uninstall(
     tier: Tier,
     dry_run: bool,
 ) -> Result<Vec<Step>> {
-    let (dir, dfd) = object_dir(storage, class, name, tier)?;
+    let (dir, dfd, name) = object_dir(storage, class, name, tier)?;
     let ctl = format!("{name}.d");
     let has_exe = exists_at(&dfd, name, &dir)?;
     let has_ctl = exists_at(&dfd, &ctl, &dir)?;
@@ -501,7 +523,7 @@ pub fn rollback(
     tier: Tier,
     dry_run: bool,
 ) -> Result<Vec<Step>> {
-    let (dir, dfd) = object_dir(storage, class, name, tier)?;
+    let (dir, dfd, name) = object_dir(storage, class, name, tier)?;
     let prev = format!("{PREV_PREFIX}{name}");
     let ctl = format!("{name}.d");
     if !exists_at(&dfd, &prev, &dir)? {

@@ -1,0 +1,245 @@
+//! `ctx model add|ls|inspect|alias|rm` (models in storage) and `ctx secret set|rm|ls` (the
+//! root-owned secret store their keys may come from).
+//!
+//! Exit codes: 0 ok, 1 failure (exists, missing), 2 invalid input, 13 permission denied.
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use clap::Subcommand;
+use ctxterm::launch::{models, secrets};
+use policy::model::{Api, Driver, Url};
+
+use crate::cmd::object::DEFAULT_STORAGE;
+use crate::exit::{self, Exit};
+use crate::out;
+
+/// Models.
+#[derive(Debug, Subcommand)]
+pub enum Cmd {
+    /// Install model/PROVIDER/MODEL with its route (.d/driver) and upstream id (.d/id).
+    Add {
+        #[command(flatten)]
+        at: At,
+        /// PROVIDER/MODEL.
+        name: String,
+        /// The wire format: openai-responses, openai-chat or anthropic-messages.
+        #[arg(long, value_parser = parse_api)]
+        api: Api,
+        /// Where it is served, e.g. https://api.example.com/v1 or http://127.0.0.1:11434/v1.
+        #[arg(long, value_parser = Url::parse)]
+        base_url: Url,
+        /// The id sent upstream (default: MODEL).
+        #[arg(long)]
+        id: Option<String>,
+        /// The operator's variables the key is looked for in, in order (default: the API's
+        /// convention, OPENAI_API_KEY or ANTHROPIC_API_KEY; repeatable).
+        #[arg(long = "key-env", value_name = "VAR")]
+        key_env: Vec<String>,
+        /// The secret store's provider the key is kept under (default: PROVIDER).
+        #[arg(long)]
+        secret: Option<String>,
+        /// The endpoint takes no key.
+        #[arg(long)]
+        no_key: bool,
+        /// A policy of the model's own (lines of policy v0); agents then need its grant too.
+        #[arg(long, value_name = "TEXT")]
+        policy: Option<String>,
+    },
+    /// List models: NAME, API and BASE_URL, tab-separated; then the aliases.
+    Ls {
+        #[command(flatten)]
+        at: At,
+        /// Print one JSON object: {"models": [{"name","api","base_url","id"}], "aliases": {..}}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a model's route, id and the aliases pointing at it.
+    Inspect {
+        #[command(flatten)]
+        at: At,
+        /// PROVIDER/MODEL, main or helper.
+        name: String,
+    },
+    /// Point model/main or model/helper at an installed model.
+    Alias {
+        #[command(flatten)]
+        at: At,
+        /// main or helper.
+        alias: String,
+        /// PROVIDER/MODEL.
+        target: String,
+    },
+    /// Remove model/PROVIDER/MODEL (refused while an alias points at it).
+    Rm {
+        #[command(flatten)]
+        at: At,
+        /// PROVIDER/MODEL.
+        name: String,
+    },
+}
+
+/// The storage models live in.
+#[derive(Debug, clap::Args)]
+pub struct At {
+    /// The storage directory.
+    #[arg(long, default_value = DEFAULT_STORAGE)]
+    source: PathBuf,
+}
+
+/// The secret store: `/var/lib/cortexfs/secrets` (or $CTX_SECRETS), root's only.
+#[derive(Debug, Subcommand)]
+pub enum SecretCmd {
+    /// Store a provider's secret, read from standard input (never from arguments).
+    Set {
+        /// The provider (service cortexfs:PROVIDER).
+        provider: String,
+        /// api-key, oauth:access or oauth:refresh.
+        #[arg(long, default_value = "api-key")]
+        account: String,
+    },
+    /// Remove a provider's secret.
+    Rm {
+        /// The provider.
+        provider: String,
+        /// api-key, oauth:access or oauth:refresh.
+        #[arg(long, default_value = "api-key")]
+        account: String,
+    },
+    /// List stored secrets as SERVICE and ACCOUNT, tab-separated; never a value.
+    Ls,
+}
+
+fn parse_api(s: &str) -> Result<Api, String> {
+    Api::parse(s).ok_or_else(|| format!("{s:?} is not openai-responses, openai-chat or anthropic-messages"))
+}
+
+fn invalid(message: impl Into<String>) -> anyhow::Error {
+    Exit::new(exit::INVALID, message).into()
+}
+
+/// Runs `ctx model`.
+pub fn run(cmd: Cmd) -> anyhow::Result<()> {
+    match cmd {
+        Cmd::Add { at, name, api, base_url, id, key_env, secret, no_key, policy } => {
+            let text = format!(
+                "api={api}\nbase_url={base_url}\n{}{}{}",
+                if key_env.is_empty() { String::new() } else { format!("key_env={}\n", key_env.join(" ")) },
+                secret.map(|s| format!("secret={s}\n")).unwrap_or_default(),
+                if no_key { "auth=none\n" } else { "" }
+            );
+            let driver: Driver = policy::model::parse(text.as_bytes()).map_err(invalid)?;
+            let mut policy_text = policy;
+            if let Some(p) = &mut policy_text
+                && !p.ends_with('\n')
+            {
+                p.push('\n');
+            }
+            if let Some(p) = &policy_text {
+                policy::v0::parse(p.as_bytes()).map_err(|errs| {
+                    let lines: Vec<String> = errs.iter().map(ToString::to_string).collect();
+                    invalid(format!("--policy: {}", lines.join("; ")))
+                })?;
+            }
+            let said = models::add(&at.source, &name, &driver, id.as_deref(), policy_text.as_deref())
+                .map_err(exit::launch)?;
+            out::line(said)
+        }
+        Cmd::Ls { at, json } => {
+            let all = models::installed(&at.source).map_err(exit::launch)?;
+            let aliases: Vec<(&str, String)> = policy::model::ALIASES
+                .iter()
+                .filter_map(|a| models::alias_target(&at.source, a).map(|t| (*a, t)))
+                .collect();
+            if json {
+                let ms: Vec<serde_json::Value> = all
+                    .iter()
+                    .map(|m| {
+                        serde_json::json!({"name": m.name, "api": m.driver.api.as_str(),
+                            "base_url": m.driver.base_url.to_string(), "id": m.id})
+                    })
+                    .collect();
+                let al: serde_json::Map<String, serde_json::Value> = aliases
+                    .iter()
+                    .map(|(a, t)| ((*a).to_owned(), serde_json::Value::from(t.as_str())))
+                    .collect();
+                return out::line(serde_json::json!({"models": ms, "aliases": al}));
+            }
+            for m in &all {
+                out::line(format_args!("{}\t{}\t{}", m.name, m.driver.api, m.driver.base_url))?;
+            }
+            for (a, t) in aliases {
+                out::line(format_args!("{a} -> {t}"))?;
+            }
+            Ok(())
+        }
+        Cmd::Inspect { at, name } => {
+            let name = if policy::model::ALIASES.contains(&name.as_str()) {
+                models::alias_target(&at.source, &name)
+                    .ok_or_else(|| Exit::new(exit::FAILURE, format!("model/{name} is not set")))?
+            } else {
+                name
+            };
+            let m = models::read(&at.source, &name).map_err(exit::launch)?;
+            out::line(format_args!("model {}", m.name))?;
+            out::line(format_args!("id {}", m.id))?;
+            out::line(format_args!("api {}", m.driver.api))?;
+            out::line(format_args!("base_url {}", m.driver.base_url))?;
+            if m.driver.needs_key {
+                out::line(format_args!("key from {} or the secret store", m.driver.key_vars().join(" ")))?;
+            } else {
+                out::line("key none")?;
+            }
+            for a in policy::model::ALIASES {
+                if models::alias_target(&at.source, a).as_deref() == Some(m.name.as_str()) {
+                    out::line(format_args!("alias {a}"))?;
+                }
+            }
+            Ok(())
+        }
+        Cmd::Alias { at, alias, target } => {
+            models::set_alias(&at.source, &alias, &target).map_err(exit::launch)?;
+            out::line(format_args!("model/{alias} -> {target}"))
+        }
+        Cmd::Rm { at, name } => {
+            for step in models::remove(&at.source, &name).map_err(exit::launch)? {
+                out::line(step)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Runs `ctx secret`.
+pub fn secret(cmd: SecretCmd) -> anyhow::Result<()> {
+    match cmd {
+        SecretCmd::Set { provider, account } => {
+            let mut v = Vec::new();
+            std::io::stdin()
+                .take(secrets::VALUE_MAX as u64 + 1)
+                .read_to_end(&mut v)
+                .map_err(|e| Exit::io("standard input", &e))?;
+            while v.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+                v.pop();
+            }
+            secrets::set(&provider, &account, &v).map_err(exit::launch)?;
+            out::line(format_args!("stored {} {account}", secrets::service(&provider)))
+        }
+        SecretCmd::Rm { provider, account } => {
+            if !secrets::remove(&provider, &account).map_err(exit::launch)? {
+                return Err(Exit::new(
+                    exit::FAILURE,
+                    format!("no {} {account}", secrets::service(&provider)),
+                )
+                .into());
+            }
+            out::line(format_args!("removed {} {account}", secrets::service(&provider)))
+        }
+        SecretCmd::Ls => {
+            for (s, a) in secrets::list().map_err(exit::launch)? {
+                out::line(format_args!("{s}\t{a}"))?;
+            }
+            Ok(())
+        }
+    }
+}
