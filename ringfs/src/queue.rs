@@ -656,10 +656,10 @@ impl Queue {
             Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(e),
         };
-        if let Some(d) = self.committed_to(job) {
-            if self.result_beside(&claim, job, d, r)? == Beside::Two {
-                return Ok(());
-            }
+        if let Some(d) = self.committed_to(job)
+            && self.result_beside(&claim, job, d, r)? == Beside::Two
+        {
+            return Ok(());
         }
         // Remove leftovers: the temp result and the empty directory.
         let _ = rustix::fs::unlinkat(&claim, format!(".{job}.result.tmp").as_str(), AtFlags::empty());
@@ -741,10 +741,10 @@ impl Queue {
         // A worker that committed between recovery's look and its fence still holds its result
         // here (it moves it through its descriptor of this directory): it goes beside the
         // request, never away with the leftovers.
-        if let Some(d) = self.committed_to(job) {
-            if self.result_beside(&fd, job, d, r)? == Beside::Two {
-                return Ok(());
-            }
+        if let Some(d) = self.committed_to(job)
+            && self.result_beside(&fd, job, d, r)? == Beside::Two
+        {
+            return Ok(());
         }
         // Empty what is left of the fenced claim (a stalled worker's temp result) and remove it.
         if let Ok(entries) = fs::read_dir(&fpath) {

@@ -44,14 +44,14 @@ struct Script {
 const BODY_MAX: usize = 16 << 20;
 
 impl Endpoint {
-    /// Listens on 127.0.0.1; the model runs `command` through the shell tool, then answers
-    /// `answer` and the command's output.
+    /// Listens on 127.0.0.1; the model runs `command` (where `{PORT}` is the endpoint's port)
+    /// through the shell tool, then answers `answer` and the command's output.
     pub fn start(command: &str, answer: &str) -> Endpoint {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = l.local_addr().expect("addr").port();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let script = Arc::new(Script {
-            command: command.to_owned(),
+            command: command.replace("{PORT}", &port.to_string()),
             answer: answer.to_owned(),
             ids: AtomicU64::new(1),
         });
@@ -74,75 +74,70 @@ impl Endpoint {
 }
 
 fn serve(c: TcpStream, seen: &Mutex<Vec<Seen>>, script: &Script) -> std::io::Result<()> {
+    // One request per connection: every answer closes it.
     let mut r = BufReader::new(c.try_clone()?);
-    loop {
-        let mut line = String::new();
-        if r.read_line(&mut line)? == 0 {
-            return Ok(());
-        }
-        let target = line.split_whitespace().nth(1).unwrap_or("");
-        let path = target.split('?').next().unwrap_or("").to_owned();
-        let (mut len, mut key, mut chunked) = (0usize, None, false);
-        loop {
-            let mut h = String::new();
-            r.read_line(&mut h)?;
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            let (k, v) = h.split_once(':').unwrap_or((h, ""));
-            let (k, v) = (k.to_ascii_lowercase(), v.trim());
-            match k.as_str() {
-                "content-length" => len = v.parse().unwrap_or(0).min(BODY_MAX),
-                "authorization" => key = v.strip_prefix("Bearer ").map(str::to_owned),
-                "x-api-key" => key = Some(v.to_owned()),
-                "transfer-encoding" => chunked = v.eq_ignore_ascii_case("chunked"),
-                _ => {}
-            }
-        }
-        let mut body = Vec::new();
-        if chunked {
-            loop {
-                let mut size = String::new();
-                r.read_line(&mut size)?;
-                let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-                if n == 0 || body.len() + n > BODY_MAX {
-                    let mut end = String::new();
-                    r.read_line(&mut end)?;
-                    break;
-                }
-                let mut chunk = vec![0; n + 2];
-                r.read_exact(&mut chunk)?;
-                body.extend_from_slice(&chunk[..n]);
-            }
-        } else {
-            body.resize(len, 0);
-            r.read_exact(&mut body)?;
-        }
-        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-        seen.lock().unwrap_or_else(|p| p.into_inner()).push(Seen {
-            path: path.clone(),
-            key,
-            body: body.clone(),
-        });
-        let mut w = c.try_clone()?;
-        let id = script.ids.fetch_add(1, Ordering::Relaxed);
-        if path.ends_with("/responses") {
-            sse(&mut w, &responses(&body, script, id))?;
-        } else if path.ends_with("/messages/count_tokens") {
-            json_reply(&mut w, &json!({"input_tokens": 10}))?;
-        } else if path.ends_with("/messages") {
-            let events = messages(&body, script, id);
-            if body["stream"] == json!(true) {
-                sse(&mut w, &events)?;
-            } else {
-                json_reply(&mut w, &message_whole(&events))?;
-            }
-        } else {
-            w.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
-        }
+    let mut line = String::new();
+    if r.read_line(&mut line)? == 0 {
         return Ok(());
     }
+    let target = line.split_whitespace().nth(1).unwrap_or("");
+    let path = target.split('?').next().unwrap_or("").to_owned();
+    let (mut len, mut key, mut chunked) = (0usize, None, false);
+    loop {
+        let mut h = String::new();
+        r.read_line(&mut h)?;
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        let (k, v) = h.split_once(':').unwrap_or((h, ""));
+        let (k, v) = (k.to_ascii_lowercase(), v.trim());
+        match k.as_str() {
+            "content-length" => len = v.parse().unwrap_or(0).min(BODY_MAX),
+            "authorization" => key = v.strip_prefix("Bearer ").map(str::to_owned),
+            "x-api-key" => key = Some(v.to_owned()),
+            "transfer-encoding" => chunked = v.eq_ignore_ascii_case("chunked"),
+            _ => {}
+        }
+    }
+    let mut body = Vec::new();
+    if chunked {
+        loop {
+            let mut size = String::new();
+            r.read_line(&mut size)?;
+            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            if n == 0 || body.len() + n > BODY_MAX {
+                let mut end = String::new();
+                r.read_line(&mut end)?;
+                break;
+            }
+            let mut chunk = vec![0; n + 2];
+            r.read_exact(&mut chunk)?;
+            body.extend_from_slice(&chunk[..n]);
+        }
+    } else {
+        body.resize(len, 0);
+        r.read_exact(&mut body)?;
+    }
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    seen.lock().unwrap_or_else(|p| p.into_inner()).push(Seen { path: path.clone(), key, body: body.clone() });
+    let mut w = c.try_clone()?;
+    let id = script.ids.fetch_add(1, Ordering::Relaxed);
+    if path.ends_with("/responses") {
+        sse(&mut w, &responses(&body, script, id))?;
+    } else if path.ends_with("/messages/count_tokens") {
+        json_reply(&mut w, &json!({"input_tokens": 10}))?;
+    } else if path.ends_with("/messages") {
+        let events = messages(&body, script, id);
+        if body["stream"] == json!(true) {
+            sse(&mut w, &events)?;
+        } else {
+            json_reply(&mut w, &message_whole(&events))?;
+        }
+    } else {
+        w.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+    }
+    Ok(())
 }
 
 fn sse(w: &mut TcpStream, events: &[Value]) -> std::io::Result<()> {

@@ -28,6 +28,8 @@ pub struct Worker {
     pub name: String,
     /// Whether it runs in a sandbox (then the process to signal is found by name).
     pub sandboxed: bool,
+    /// A file its output goes to instead of pipes (nobody reads a pipe while the race runs).
+    pub log: Option<std::path::PathBuf>,
 }
 
 impl Worker {
@@ -67,6 +69,9 @@ impl Worker {
             let _ = o.read_to_string(&mut s);
         }
         let _ = self.started.wait();
+        if let Some(l) = &self.log {
+            s.push_str(&fs::read_to_string(l).unwrap_or_default());
+        }
         s
     }
 }
@@ -192,5 +197,5 @@ pub fn host_worker(q: &Path, name: String) -> Worker {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    Worker { started, name, sandboxed: false }
+    Worker { started, name, sandboxed: false, log: None }
 }

@@ -426,10 +426,33 @@ fn bad_mounts_are_refused_and_ceilings_applied() {
 #[test]
 fn a_command_that_cannot_start_says_why() {
     let w = World::new();
-    let out = w.start(&session("ns"), &["--wait"], &["/nonexistent"]);
-    assert_eq!(out.status.code(), Some(69), "{}", text(&out));
-    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(said.contains("cannot run /nonexistent") && said.contains("No such file"), "{said}");
+    for how in [&["--wait"][..], &["--wait", "--tty"]] {
+        let out = w.start(&session("ns"), how, &["/nonexistent"]);
+        assert_eq!(out.status.code(), Some(69), "{how:?}: {}", text(&out));
+        let said =
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(said.contains("cannot run /nonexistent") && said.contains("No such file"), "{how:?}: {said}");
+    }
+    // Headless, the reason is on stderr.
+    let out = w.start(&session("ns"), &["--headless"], &["/nonexistent"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot run /nonexistent"), "{}", text(&out));
+}
+
+/// `--wait` from a program (stdout not a terminal) runs the command on the caller's streams:
+/// no PTY, stdout and stderr apart, the command's status as the exit code; `--tty` keeps the
+/// agent's terminal.
+#[test]
+fn a_run_waited_on_by_a_program_is_headless_unless_it_asks_for_a_terminal() {
+    let w = World::new();
+    let script = "test -t 1 && echo tty || echo notty; echo to-stderr >&2; exit 7";
+    let out = w.start(&session("hl"), &["--wait"], &["/bin/sh", "-c", script]);
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "notty\n", "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("to-stderr"), "{}", text(&out));
+    let out = w.start(&session("hl"), &["--wait", "--tty"], &["/bin/sh", "-c", script]);
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("tty\r\n") && !said.contains("notty") && said.contains("to-stderr"), "{said}");
 }
 
 /// A model on this host's loopback (the scripted endpoint), `model/main` pointing at it, granted
@@ -544,4 +567,153 @@ fn claude_does_a_real_turn_through_its_profile_and_continues_from_its_home() {
     assert!(out.status.success(), "{}", text(&out));
     let last = ep.seen().iter().rev().find(|r| r.path.ends_with("/v1/messages")).unwrap().body.to_string();
     assert!(last.contains(prompt) && last.contains("again"), "the second turn carries the first: {last}");
+}
+
+#[test]
+fn a_model_is_used_only_with_its_grant_and_reached_without_a_network_alone() {
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let q = other.local_addr().unwrap().port();
+    let probe = format!(
+        "for p in {{PORT}} {q}; do (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null && echo \"port-$p-open\" || echo \"port-$p-closed\"; done; \
+         grep -c . /proc/net/route | sed 's/^/routes-/'; command -v tsh"
+    );
+    let ep = tests::model_endpoint::Endpoint::start(&probe, "PROBED");
+    let w = World::new();
+    let secrets = with_model(&w, "openai-responses", &ep, "sk-egress-key");
+    let s = session("egress");
+    let args = ["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "probe"];
+    let out = run_cli(&w, &s, "codex", &secrets, &args);
+    assert!(out.status.success(), "{}", text(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains(&format!("port-{}-open", ep.port)), "the model is reached: {said}");
+    assert!(said.contains(&format!("port-{q}-closed")), "another loopback listener is not: {said}");
+    assert!(said.contains("routes-1"), "no route out of the sandbox (only the header line): {said}");
+    assert!(said.contains("/ctx/bin/tsh"), "a login shell finds tsh: {said}");
+    // Without the grant, nothing starts.
+    let policy = w.s.storage.join("agent/coder.d/policy");
+    let granted = fs::read_to_string(&policy).unwrap();
+    fs::write(&policy, granted.replace("allow coder_t model:main use\n", "")).unwrap();
+    let out = run_cli(&w, &session("nogrant"), "codex", &secrets, &args);
+    assert_eq!(out.status.code(), Some(13), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("model:main use"), "{}", text(&out));
+    // A model of its own policy must grant the agent too.
+    fs::write(&policy, &granted).unwrap();
+    fs::write(w.s.storage.join("model/local/m1.d/policy"), "allow someone_t model:local/m1 use\n").unwrap();
+    let out = run_cli(&w, &session("modelpol"), "codex", &secrets, &args);
+    assert_eq!(out.status.code(), Some(13), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("model/local/m1.d/policy"), "{}", text(&out));
+}
+
+/// Every process on the host: (pid, parent pid).
+fn processes() -> Vec<(u32, u32)> {
+    let mut out = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some(after) = stat.rsplit_once(") ").map(|(_, a)| a) else { continue };
+        let ppid = after.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+        out.push((pid, ppid));
+    }
+    out
+}
+
+/// Files under `dir` holding `needle` (sockets, FIFOs and devices are not read).
+fn files_holding(dir: &Path, needle: &[u8], out: &mut Vec<PathBuf>) {
+    let Ok(entries) = fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let Ok(t) = e.file_type() else { continue };
+        if t.is_dir() {
+            files_holding(&e.path(), needle, out);
+        } else if t.is_file()
+            && fs::read(e.path()).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle))
+        {
+            out.push(e.path());
+        }
+    }
+}
+
+#[test]
+fn a_models_key_reaches_the_clis_environment_and_nowhere_else() {
+    let key = format!("sk-leak-probe-{}", std::process::id());
+    let ep = tests::model_endpoint::Endpoint::start("sleep 4; tsh fs.stat /workspace/a.txt", "DONE");
+    let w = World::new();
+    let secrets = with_model(&w, "openai-responses", &ep, &key);
+    let s = session("leak");
+    let run = Command::new(tests::bin("ctx"))
+        .args(["agent", "start", "coder", "--session", &s, "--ctx"])
+        .arg(&w.s.mnt)
+        .arg("--control")
+        .arg(&w.s.control)
+        .arg("--cwd")
+        .arg(&w.work)
+        .args(["--wait", "--profile", "codex", "--", "exec", "--skip-git-repo-check"])
+        .args(["--dangerously-bypass-approvals-and-sandbox", "go"])
+        .env("CTX_SECRETS", &secrets)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // While the model's command runs (the first request has been answered with it).
+    let t = Instant::now();
+    while ep.seen().is_empty() && t.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let needle = key.as_bytes();
+    let procs = processes();
+    let cmdline = |pid: u32| fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    // The CLI's tree: what descends from the run's ctxterm, below it.
+    let term: Vec<u32> = procs
+        .iter()
+        .filter(|(pid, _)| {
+            let c = cmdline(*pid);
+            let argv: Vec<&[u8]> = c.split(|b| *b == 0).collect();
+            let env = fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            argv[0].ends_with(b"/ctxterm")
+                && argv.contains(&&b"--key-env"[..])
+                && env.split(|b| *b == 0).any(|v| v == format!("CTX_SESSION={s}").as_bytes())
+        })
+        .map(|(pid, _)| *pid)
+        .collect();
+    assert_eq!(term.len(), 1, "the run's ctxterm: {term:?}");
+    let mut tree: Vec<u32> = Vec::new();
+    let mut grew = true;
+    while grew {
+        grew = false;
+        for (pid, ppid) in &procs {
+            if (term.contains(ppid) || tree.contains(ppid)) && !tree.contains(pid) {
+                tree.push(*pid);
+                grew = true;
+            }
+        }
+    }
+    assert!(!tree.is_empty(), "the CLI runs");
+    let mut found = Vec::new();
+    let mut in_cli = 0;
+    for (pid, _) in &procs {
+        if cmdline(*pid).windows(needle.len()).any(|w| w == needle) {
+            found.push(format!("/proc/{pid}/cmdline"));
+        }
+        let env = fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        if env.windows(needle.len()).any(|w| w == needle) {
+            if tree.contains(pid) {
+                in_cli += 1;
+            } else {
+                found.push(format!(
+                    "/proc/{pid}/environ ({})",
+                    String::from_utf8_lossy(&cmdline(*pid)).replace('\0', " ")
+                ));
+            }
+        }
+    }
+    assert!(in_cli > 0, "the CLI has its key");
+    let mut files = Vec::new();
+    files_holding(&w.s.storage, needle, &mut files);
+    files_holding(Path::new("/run/cortexfs"), needle, &mut files);
+    let out = run.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    files_holding(&w.s.storage, needle, &mut files);
+    files_holding(Path::new("/run/cortexfs"), needle, &mut files);
+    assert!(!text(&out).contains(&key));
+    assert!(found.is_empty() && files.is_empty(), "the key is elsewhere: {found:?} {files:?}");
 }

@@ -521,7 +521,8 @@ fn the_sandbox_cannot_trace_its_terminal_owner_or_reach_the_kernel_surface_it_ha
     let h = Host::new();
     h.agent("probe", 3600, &[]);
     let o = h
-        .start("probe", &session("p"), &["--wait"], &["/usr/bin/python3", "-c", SECCOMP_PROBE])
+        // On the agent's terminal: the probe tries the PTY and the ctxterm that owns it.
+        .start("probe", &session("p"), &["--wait", "--tty"], &["/usr/bin/python3", "-c", SECCOMP_PROBE])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));

@@ -78,6 +78,10 @@ fn through_ctx_workers_in_sandboxes_and_on_the_host_lose_nothing_and_commit_once
             return host_worker(&qdir, name);
         }
         let agent = ["qa", "qb"][i - 2];
+        // A run waited on by a program writes to that program's streams: a file here, which
+        // nothing has to drain while the race runs.
+        let log = work.join(format!("{name}.log"));
+        let out = fs::File::create(&log).unwrap();
         let started = Command::new(tests::bin("ctx"))
             .args(["agent", "start", agent, "--session", &name, "--wait", "--ctx"])
             .arg(&s.mnt)
@@ -87,11 +91,11 @@ fn through_ctx_workers_in_sandboxes_and_on_the_host_lose_nothing_and_commit_once
             .arg(&work)
             .args(["--", "/bin/sh", "-c"])
             .arg(format!("exec /ctx/bin/ctx queue work /ctx/shared/race/queue --worker {name} --no-lock -- /bin/cat >/dev/null"))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stdout(Stdio::from(out.try_clone().unwrap()))
+            .stderr(Stdio::from(out))
             .spawn()
             .unwrap();
-        Worker { started, name, sandboxed: true }
+        Worker { started, name, sandboxed: true, log: Some(log) }
     };
     race(&q, &qdir, lease, spawn, 4, |_| {});
     // The sandboxed workers did their share, as themselves.
