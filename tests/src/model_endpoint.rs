@@ -3,8 +3,8 @@
 //!
 //! It stands in for a model (the one thing tests cannot have here). Each turn of a
 //! conversation goes the same way: while the request carries no tool result, the model calls
-//! the CLI's shell tool with [`Endpoint::command`]; once it does, it answers with
-//! [`Endpoint::answer`] followed by the tool's output. Every request is kept, with the key it
+//! the CLI's shell tool with the command it was started with; once it does, it answers with
+//! its answer followed by the tool's output. Every request is kept, with the key it
 //! carried, for the test to look at.
 
 use std::io::{BufRead, BufReader, Read, Write};

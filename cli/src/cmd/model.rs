@@ -26,7 +26,7 @@ pub enum Cmd {
         /// The wire format: openai-responses, openai-chat or anthropic-messages.
         #[arg(long, value_parser = parse_api)]
         api: Api,
-        /// Where it is served, e.g. https://api.example.com/v1 or http://127.0.0.1:11434/v1.
+        /// Where it is served, e.g. `https://api.example.com/v1` or `http://127.0.0.1:11434/v1`.
         #[arg(long, value_parser = Url::parse)]
         base_url: Url,
         /// The id sent upstream (default: MODEL).
