@@ -4,7 +4,7 @@
 //! CortexFS runs these CLIs as they are; it never re-implements their model loop, sessions or
 //! approvals. A profile only spells, in the CLI's own options and variables, where the model is
 //! (its base URL, API and id) and which variable holds the key; the key itself reaches the
-//! CLI's environment through a descriptor (see [`super::supervise`]), never its arguments.
+//! CLI's environment through a descriptor (see [`mod@super::supervise`]), never its arguments.
 
 use policy::model::Api;
 
