@@ -226,6 +226,9 @@ fn responses(body: &Value, s: &Script, id: u64) -> Vec<Value> {
     };
     let mut events = vec![created];
     if item["type"] == "message" {
+        let mut open = item.clone();
+        open["content"] = json!([]);
+        events.push(json!({"type": "response.output_item.added", "output_index": 0, "item": open}));
         events.push(json!({"type": "response.output_text.delta", "delta": item["content"][0]["text"],
             "item_id": item["id"], "output_index": 0, "content_index": 0}));
     }
