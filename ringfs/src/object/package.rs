@@ -253,7 +253,7 @@ pub fn parse_record(bytes: &[u8]) -> std::result::Result<Record, String> {
     let r: Record = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
     policy::name::validate(&r.name).map_err(|e| format!("package name {:?}: {e}", r.name))?;
     for o in &r.objects {
-        ObjectClass::parse(&o.class).ok_or_else(|| format!("unknown object class {:?}", o.class))?;
+        packaged(&o.class).ok_or_else(|| format!("unknown object class {:?}", o.class))?;
         policy::name::validate(&o.name).map_err(|e| format!("object name {:?}: {e}", o.name))?;
     }
     Ok(r)
@@ -280,8 +280,13 @@ fn hex(b: &[u8; 32]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// The classes a package holds: tools and agents (models are installed with `ctx model add`).
+fn packaged(s: &str) -> Option<ObjectClass> {
+    ObjectClass::parse(s).filter(|c| *c != ObjectClass::Model)
+}
+
 fn class_of(s: &str) -> Result<ObjectClass> {
-    ObjectClass::parse(s)
+    packaged(s)
         .ok_or_else(|| Error::Invalid(format!("unknown object class {s:?} in a package record")))
 }
 
