@@ -212,7 +212,10 @@ fn responses(body: &Value, s: &Script, id: u64) -> Vec<Value> {
                 .map(|t| t.iter().filter_map(|t| t["name"].as_str().or(t["type"].as_str())).collect())
                 .unwrap_or_default();
             let call = format!("call_{id}");
-            if tools.contains(&"shell_command") {
+            if tools.contains(&"bash") {
+                json!({"type": "function_call", "id": format!("fc_{id}"), "call_id": call, "name": "bash",
+                    "arguments": json!({"command": s.command}).to_string()})
+            } else if tools.contains(&"shell_command") {
                 json!({"type": "function_call", "id": format!("fc_{id}"), "call_id": call, "name": "shell_command",
                     "arguments": json!({"command": s.command}).to_string()})
             } else if tools.contains(&"exec_command") {
@@ -224,13 +227,21 @@ fn responses(body: &Value, s: &Script, id: u64) -> Vec<Value> {
             }
         }
     };
+    // Each item is opened, filled in, and done, as the API streams it.
     let mut events = vec![created];
+    let mut open = item.clone();
     if item["type"] == "message" {
-        let mut open = item.clone();
         open["content"] = json!([]);
         events.push(json!({"type": "response.output_item.added", "output_index": 0, "item": open}));
         events.push(json!({"type": "response.output_text.delta", "delta": item["content"][0]["text"],
             "item_id": item["id"], "output_index": 0, "content_index": 0}));
+    } else {
+        open["arguments"] = json!("");
+        events.push(json!({"type": "response.output_item.added", "output_index": 0, "item": open}));
+        events.push(json!({"type": "response.function_call_arguments.delta", "delta": item["arguments"],
+            "item_id": item["id"], "output_index": 0}));
+        events.push(json!({"type": "response.function_call_arguments.done", "arguments": item["arguments"],
+            "item_id": item["id"], "output_index": 0}));
     }
     events.push(json!({"type": "response.output_item.done", "output_index": 0, "item": item}));
     events.push(completed);
@@ -242,10 +253,13 @@ fn messages(body: &Value, s: &Script, id: u64) -> Vec<Value> {
     let start = json!({"type": "message_start", "message": {"id": format!("msg_{id}"), "type": "message",
         "role": "assistant", "model": model, "content": [], "stop_reason": null, "stop_sequence": null,
         "usage": {"input_tokens": 10, "output_tokens": 1}}});
-    let has_bash = body["tools"].as_array().is_some_and(|t| t.iter().any(|t| t["name"] == "Bash"));
+    let bash = body["tools"]
+        .as_array()
+        .and_then(|t| t.iter().filter_map(|t| t["name"].as_str()).find(|n| n.eq_ignore_ascii_case("bash")))
+        .map(str::to_owned);
     let (block, delta, stop) = match tool_output(body) {
-        None if has_bash => (
-            json!({"type": "tool_use", "id": format!("toolu_{id}"), "name": "Bash", "input": {}}),
+        None if bash.is_some() => (
+            json!({"type": "tool_use", "id": format!("toolu_{id}"), "name": bash, "input": {}}),
             json!({"type": "input_json_delta",
                 "partial_json": json!({"command": s.command, "description": "Run the command"}).to_string()}),
             "tool_use",

@@ -90,6 +90,9 @@ pub struct Contract {
     /// Directories the profile needs in that home.
     #[serde(default)]
     pub home_dirs: Vec<String>,
+    /// Files the profile writes into that home before the run (relative path, contents).
+    #[serde(default)]
+    pub home_files: Vec<(String, String)>,
     /// The model the run's CLI is pointed at (`PROVIDER/MODEL`).
     #[serde(default)]
     pub model: Option<String>,
@@ -407,7 +410,8 @@ pub fn derive(s: &Start) -> Result<Contract> {
             })?),
         },
     };
-    let (mut model, mut key_env, mut key, mut egress, mut home_dirs) = (None, None, None, None, Vec::new());
+    let (mut model, mut key_env, mut key, mut egress) = (None, None, None, None);
+    let (mut home_dirs, mut home_files) = (Vec::new(), Vec::new());
     let cmd = match &s.profile {
         Some(name) => {
             let p = profiles::find(name).ok_or_else(|| {
@@ -454,6 +458,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
                     env.push((k, v));
                 }
                 args = w.args;
+                home_files = w.files;
                 model = Some(m.name);
             }
             std::iter::once(p.program.to_owned()).chain(args).chain(s.cmd.iter().cloned()).collect()
@@ -498,6 +503,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
         home: (!records_only)
             .then(|| runtime::agent_home(&runtime::view_dir(&s.agent, &s.session), uid, &s.agent)),
         home_dirs,
+        home_files,
         model,
         key_env,
         key,

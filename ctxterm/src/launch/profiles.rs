@@ -62,7 +62,7 @@ pub const PROFILES: &[Profile] = &[
         name: "pi",
         program: "/usr/bin/pi",
         env: &[],
-        dirs: &[".pi"],
+        dirs: &[".pi", ".pi/agent"],
         install: "npm install -g @mariozechner/pi-coding-agent",
         hosted: true,
     },
@@ -87,6 +87,9 @@ pub struct Wired {
     pub env: Vec<(String, String)>,
     /// The variable the CLI reads its key from.
     pub key_env: Option<String>,
+    /// Files written into the agent's home before each run (path relative to it, contents):
+    /// configuration naming the route, never the key.
+    pub files: Vec<(String, String)>,
 }
 
 /// How `p` is pointed at `m`.
@@ -120,6 +123,7 @@ pub fn wire(p: &Profile, m: &Model) -> Result<Wired> {
                 args: c.into_iter().flat_map(|c| ["-c".to_owned(), c]).collect(),
                 env: Vec::new(),
                 key_env: m.driver.needs_key.then(|| key.to_owned()),
+                files: Vec::new(),
             })
         }
         "claude" => {
@@ -137,9 +141,31 @@ pub fn wire(p: &Profile, m: &Model) -> Result<Wired> {
                 args: Vec::new(),
                 env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
                 key_env: m.driver.needs_key.then(|| "ANTHROPIC_API_KEY".to_owned()),
+                files: Vec::new(),
             })
         }
-        _ => refuse("this profile has no model wiring; give the CLI its configuration in the agent's home"),
+        "pi" => {
+            let api = match m.driver.api {
+                Api::OpenaiResponses => "openai-responses",
+                Api::OpenaiChat => "openai-completions",
+                Api::AnthropicMessages => "anthropic-messages",
+            };
+            let key = "CORTEXFS_MODEL_KEY";
+            // pi takes an apiKey that names a variable; a route without a key gets a word
+            // that is none.
+            let models = serde_json::json!({"providers": {"cortexfs": {
+                "baseUrl": url, "api": api,
+                "apiKey": if m.driver.needs_key { key } else { "none" },
+                "models": [{"id": m.id}],
+            }}});
+            Ok(Wired {
+                args: vec!["--provider".into(), "cortexfs".into(), "--model".into(), m.id.clone()],
+                env: Vec::new(),
+                key_env: m.driver.needs_key.then(|| key.to_owned()),
+                files: vec![(".pi/agent/models.json".into(), format!("{models:#}\n"))],
+            })
+        }
+        _ => refuse("this profile has no model wiring"),
     }
 }
 
@@ -169,5 +195,15 @@ mod tests {
         let c = wire(find("claude").unwrap(), &model("anthropic-messages")).unwrap();
         assert!(c.env.contains(&("ANTHROPIC_MODEL".into(), "m-1".into())));
         assert_eq!(c.key_env.as_deref(), Some("ANTHROPIC_API_KEY"));
+        let p = wire(find("pi").unwrap(), &model("openai-chat")).unwrap();
+        assert_eq!(p.args, ["--provider", "cortexfs", "--model", "m-1"]);
+        let (path, text) = &p.files[0];
+        assert_eq!(path, ".pi/agent/models.json");
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        assert_eq!(v["providers"]["cortexfs"]["api"], "openai-completions");
+        assert_eq!(
+            v["providers"]["cortexfs"]["apiKey"], "CORTEXFS_MODEL_KEY",
+            "a variable's name, not a key"
+        );
     }
 }

@@ -21,21 +21,25 @@ fn at(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
 }
 
 /// Creates (or keeps) the agent's persistent home through the host mount `ctx`: mode 0700,
-/// owned by the agent; returns its path there.
+/// owned by the agent; returns its path there. The home is the agent's to change: it is
+/// opened without following a symlink anywhere on its path before it is changed.
 pub fn prepare_home(ctx: &Path, uid: u32, gid: u32, agent: &str) -> Result<std::path::PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
     let h = runtime::agent_home(ctx, uid, agent);
-    std::fs::create_dir_all(&h).map_err(at(&h))?;
-    let mut up = h.clone();
-    for _ in 0..2 {
-        let _ = rustix::fs::chown(
-            &up,
-            Some(rustix::fs::Uid::from_raw(uid)),
-            Some(rustix::fs::Gid::from_raw(gid)),
-        );
-        up.pop();
+    if let Some(parent) = h.parent() {
+        std::fs::create_dir_all(parent).map_err(at(parent))?;
     }
-    std::fs::set_permissions(&h, std::fs::Permissions::from_mode(0o700)).map_err(at(&h))?;
+    match std::fs::create_dir(&h) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(at(&h)(e)),
+    }
+    let flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC;
+    let fd = rustix::fs::openat2(rustix::fs::CWD, &h, flags, Mode::empty(), ResolveFlags::NO_SYMLINKS)
+        .map_err(|e| at(&h)(e.into()))?;
+    rustix::fs::fchown(&fd, Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(gid)))
+        .map_err(|e| at(&h)(e.into()))?;
+    rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o700)).map_err(|e| at(&h)(e.into()))?;
     Ok(h)
 }
 

@@ -52,15 +52,7 @@ fn spawn(s: &Start) -> Result<(Contract, std::process::Child)> {
     // The agent's persistent home, with what its profile keeps there.
     if c.home.is_some() {
         let h = session::prepare_home(&s.ctx, c.uid, c.gid, &c.agent)?;
-        for d in &c.home_dirs {
-            let p = h.join(d);
-            std::fs::create_dir_all(&p).map_err(|source| Error::Session { path: p.clone(), source })?;
-            let _ = rustix::fs::chown(
-                &p,
-                Some(rustix::fs::Uid::from_raw(c.uid)),
-                Some(rustix::fs::Gid::from_raw(c.gid)),
-            );
-        }
+        prepare_profile(&h, &c).map_err(|source| Error::Session { path: h.clone(), source })?;
     }
     for w in &c.warnings {
         eprintln!("ctx: warning: agent {}: {w}", c.agent);
@@ -126,6 +118,50 @@ fn spawn(s: &Start) -> Result<(Contract, std::process::Child)> {
     drop(key_pipe);
     rundir::write_pid(&c, child.id())?;
     Ok((c, child))
+}
+
+/// Makes the directories and writes the files `c`'s profile keeps in the agent's home `h`.
+/// The home is the agent's to change: nothing here follows a symlink (the home is opened
+/// without following any, each directory below it by name without following it), files are
+/// made new and renamed over whatever is at their name, and everything is the agent's.
+fn prepare_profile(h: &Path, c: &Contract) -> std::io::Result<()> {
+    use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
+    let own = |fd: &std::os::fd::OwnedFd| {
+        rustix::fs::fchown(fd, Some(rustix::fs::Uid::from_raw(c.uid)), Some(rustix::fs::Gid::from_raw(c.gid)))
+    };
+    let dir_flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC;
+    let home = rustix::fs::openat2(rustix::fs::CWD, h, dir_flags, Mode::empty(), ResolveFlags::NO_SYMLINKS)?;
+    let dir_of = |rel: &str| -> std::io::Result<std::os::fd::OwnedFd> {
+        let mut fd = rustix::fs::openat(&home, ".", dir_flags, Mode::empty())?;
+        for part in rel.split('/').filter(|p| !p.is_empty()) {
+            match rustix::fs::mkdirat(&fd, part, Mode::from_raw_mode(0o700)) {
+                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                Err(e) => return Err(e.into()),
+            }
+            fd = rustix::fs::openat(&fd, part, dir_flags, Mode::empty())?;
+            own(&fd)?;
+        }
+        Ok(fd)
+    };
+    for d in &c.home_dirs {
+        dir_of(d)?;
+    }
+    for (rel, text) in &c.home_files {
+        let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel.as_str()));
+        let dfd = dir_of(dir)?;
+        let tmp = format!(".{name}.cortexfs.{}", std::process::id());
+        let _ = rustix::fs::unlinkat(&dfd, tmp.as_str(), AtFlags::empty());
+        let fd = rustix::fs::openat(
+            &dfd,
+            tmp.as_str(),
+            OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )?;
+        own(&fd)?;
+        std::fs::File::from(fd).write_all(text.as_bytes())?;
+        rustix::fs::renameat(&dfd, tmp.as_str(), &dfd, name)?;
+    }
+    Ok(())
 }
 
 /// Variables that conventionally hold model keys: never passed to a supervisor.

@@ -286,8 +286,7 @@ fn packaged(s: &str) -> Option<ObjectClass> {
 }
 
 fn class_of(s: &str) -> Result<ObjectClass> {
-    packaged(s)
-        .ok_or_else(|| Error::Invalid(format!("unknown object class {s:?} in a package record")))
+    packaged(s).ok_or_else(|| Error::Invalid(format!("unknown object class {s:?} in a package record")))
 }
 
 /// Installs `pkg` into `storage`, all or nothing. With `dry_run`, only checks that every name is
