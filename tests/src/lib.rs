@@ -14,6 +14,7 @@
 //! Only the test targets of this crate depend on it.
 
 pub mod appender;
+pub mod elsewhere;
 pub mod gluster;
 pub mod model_endpoint;
 pub mod object;

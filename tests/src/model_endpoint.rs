@@ -47,7 +47,11 @@ impl Endpoint {
     /// Listens on 127.0.0.1; the model runs `command` (where `{PORT}` is the endpoint's port)
     /// through the shell tool, then answers `answer` and the command's output.
     pub fn start(command: &str, answer: &str) -> Endpoint {
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        Endpoint::on(TcpListener::bind("127.0.0.1:0").expect("bind"), command, answer)
+    }
+
+    /// The same endpoint on the listener `l`.
+    pub fn on(l: TcpListener, command: &str, answer: &str) -> Endpoint {
         let port = l.local_addr().expect("addr").port();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let script = Arc::new(Script {

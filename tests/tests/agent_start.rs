@@ -459,11 +459,16 @@ fn a_run_waited_on_by_a_program_is_headless_unless_it_asks_for_a_terminal() {
 /// A model on this host's loopback (the scripted endpoint), `model/main` pointing at it, granted
 /// to coder, and its key in a secret store of the test's own (`CTX_SECRETS`).
 fn with_model(w: &World, api: &str, ep: &tests::model_endpoint::Endpoint, key: &str) -> PathBuf {
-    let st = w.s.storage.to_str().unwrap();
     let base = match api {
         "anthropic-messages" => format!("http://127.0.0.1:{}", ep.port),
         _ => format!("http://127.0.0.1:{}/v1", ep.port),
     };
+    with_model_at(w, api, &base, key)
+}
+
+/// As [`with_model`], for a model at `base`.
+fn with_model_at(w: &World, api: &str, base: &str, key: &str) -> PathBuf {
+    let st = w.s.storage.to_str().unwrap();
     let secrets = w.s.dir.path().join("secrets");
     let ctx = |args: &[&str]| {
         let mut c = Command::new(tests::bin("ctx"));
@@ -477,7 +482,7 @@ fn with_model(w: &World, api: &str, ep: &tests::model_endpoint::Endpoint, key: &
         let o = child.wait_with_output().unwrap();
         assert!(o.status.success(), "{args:?}: {}", text(&o));
     };
-    ctx(&["model", "add", "local/m1", "--api", api, "--base-url", &base, "--id", "m-1", "--source", st]);
+    ctx(&["model", "add", "local/m1", "--api", api, "--base-url", base, "--id", "m-1", "--source", st]);
     ctx(&["model", "alias", "main", "local/m1", "--source", st]);
     ctx(&["agent", "grant", "coder", "model:main", "use", "--source", st]);
     ctx(&["secret", "set", "local"]);
@@ -763,4 +768,68 @@ fn a_symlink_in_the_agents_home_is_never_followed_by_the_launcher() {
     assert!(!out.status.success(), "{}", text(&out));
     assert_eq!(fs::metadata(&outside).unwrap().permissions(), mode, "the link's target keeps its mode");
     assert!(fs::read_dir(&outside).unwrap().next().is_none());
+}
+
+/// A model elsewhere (a listener in a network namespace of the test's own, as another host),
+/// an agent without a network: the run's proxy takes it to its model and refuses anything
+/// else, each refusal an event; nothing reaches the other host directly.
+#[test]
+fn a_model_elsewhere_is_reached_through_the_runs_proxy_and_nothing_else_is() {
+    let e = tests::elsewhere::Elsewhere::new();
+    let other = e.listen();
+    let op = other.local_addr().unwrap().port();
+    let a = e.addr;
+    let probe = format!(
+        "curl -s -o /dev/null -w 'plain-%{{http_code}}' http://{a}:{op}/; echo; \
+         curl -s -o /dev/null -w 'tunnel-%{{http_connect}}' https://{a}:{op}/; echo; \
+         (exec 3<>/dev/tcp/{a}/{{PORT}}) 2>/dev/null && echo direct-open || echo direct-closed"
+    );
+    let ep = tests::model_endpoint::Endpoint::on(e.listen(), &probe, "PROBED");
+    let w = World::new();
+    let secrets = with_model_at(&w, "openai-responses", &format!("http://{a}:{}/v1", ep.port), "sk-far-key");
+    let s = session("far");
+    let args = ["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "probe"];
+    let out = run_cli(&w, &s, "codex", &secrets, &args);
+    assert!(out.status.success(), "{}", text(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("PROBED"), "the model is reached through the proxy: {}", text(&out));
+    assert!(said.contains("plain-403") && said.contains("tunnel-403"), "another port is refused: {said}");
+    assert!(said.contains("direct-closed"), "no way around the proxy: {said}");
+    assert!(ep.seen().iter().all(|r| r.key.as_deref() == Some("sk-far-key")), "{:?}", ep.seen());
+    let events =
+        fs::read_to_string(w.s.storage.join(format!("home/1000/agent/coder/session/{s}/events.jsonl")))
+            .unwrap();
+    let refused: Vec<&str> = events.lines().filter(|l| l.contains("\"net.refused\"")).collect();
+    assert!(refused.len() >= 2 && refused.iter().any(|l| l.contains(&format!("{a}:{op}"))), "{events}");
+    drop(other);
+}
+
+/// The agent's instructions (`system.md`) reach the CLI of its next run: here the model, in
+/// the first run, has the agent rewrite them through `agent.update`; the second run's requests
+/// carry the new ones.
+#[test]
+fn an_agent_update_of_system_md_is_what_the_next_runs_cli_is_told() {
+    let ep = tests::model_endpoint::Endpoint::start(
+        "echo 'Answer like a ship captain.' | tsh agent.update system.md",
+        "UPDATED",
+    );
+    let w = World::new();
+    let secrets = with_model(&w, "openai-responses", &ep, "sk-update-key");
+    let st = w.s.storage.to_str().unwrap();
+    let o = tests::run("ctx", &["agent", "grant", "coder", "tool:agent.update", "execute", "--source", st]);
+    assert!(o.status.success(), "{}", text(&o));
+    let args = ["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "go"];
+    let out = run_cli(&w, &session("upd1"), "codex", &secrets, &args);
+    assert!(out.status.success(), "{}", text(&out));
+    let first = ep.seen().first().unwrap().body.to_string();
+    assert!(!first.contains("ship captain"), "{first}");
+    assert_eq!(
+        fs::read_to_string(w.s.storage.join("agent/coder.d/system.md")).unwrap().trim(),
+        "Answer like a ship captain."
+    );
+    let n = ep.seen().len();
+    let out = run_cli(&w, &session("upd2"), "codex", &secrets, &args);
+    assert!(out.status.success(), "{}", text(&out));
+    let next = ep.seen()[n].body.to_string();
+    assert!(next.contains("Answer like a ship captain."), "the next run is told: {next}");
 }

@@ -106,6 +106,11 @@ pub struct Contract {
     /// splices that one port into an otherwise empty namespace).
     #[serde(default)]
     pub egress: Option<u16>,
+    /// The model's base URL when it is elsewhere and the policy grants no network: the
+    /// supervisor serves the run an egress proxy to that `host:port` alone (see
+    /// [`super::egress`]) and splices the proxy's port in.
+    #[serde(default)]
+    pub proxy: Option<String>,
     /// The command runs on the caller's streams, without a PTY.
     #[serde(default)]
     pub headless: bool,
@@ -410,7 +415,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
             })?),
         },
     };
-    let (mut model, mut key_env, mut key, mut egress) = (None, None, None, None);
+    let (mut model, mut key_env, mut key, mut egress, mut proxy) = (None, None, None, None, None);
     let (mut home_dirs, mut home_files) = (Vec::new(), Vec::new());
     let cmd = match &s.profile {
         Some(name) => {
@@ -439,17 +444,10 @@ pub fn derive(s: &Start) -> Result<Contract> {
             } else if p.hosted {
                 let m = models::for_launch(&s.ctx, &s.agent, &label, &policy, &named)?;
                 let w = profiles::wire(p, &m)?;
-                if !network {
-                    if !m.driver.base_url.is_loopback() {
-                        return Err(Error::Unavailable(format!(
-                            "model {} is served at {}: an agent without network:default connect reaches \
-                             only a model on this host's loopback (ctx agent grant {} network:default connect)",
-                            m.name,
-                            m.driver.base_url.authority(),
-                            s.agent
-                        )));
-                    }
+                if !network && m.driver.base_url.is_loopback() {
                     egress = Some(m.driver.base_url.port);
+                } else if !network {
+                    proxy = Some(m.driver.base_url.to_string());
                 }
                 key = models::key(&m)?.map(Key);
                 key_env = w.key_env.filter(|_| key.is_some());
@@ -461,6 +459,9 @@ pub fn derive(s: &Start) -> Result<Contract> {
                 home_files = w.files;
                 model = Some(m.name);
             }
+            // The agent's instructions, as the CLI takes them: an agent.update shows in the next run.
+            let system = read_control(&s.ctx, &s.agent, "system.md").unwrap_or_default();
+            args.extend(profiles::instruct(p, &system));
             std::iter::once(p.program.to_owned()).chain(args).chain(s.cmd.iter().cloned()).collect()
         }
         None if s.cmd.is_empty() => vec!["/ctx/bin/tsh".to_owned()],
@@ -508,6 +509,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
         key_env,
         key,
         egress,
+        proxy,
         headless: s.headless && s.wait,
     })
 }

@@ -31,6 +31,7 @@ pub mod binds;
 pub mod cgroups;
 pub mod contract;
 pub mod doctor;
+pub mod egress;
 pub mod models;
 pub mod profiles;
 pub mod receipt;

@@ -169,6 +169,21 @@ pub fn wire(p: &Profile, m: &Model) -> Result<Wired> {
     }
 }
 
+/// The arguments that give `p` the agent's `system.md` (its instructions), in the way the
+/// CLI takes them: Codex's `developer_instructions`, Claude Code's and pi's
+/// `--append-system-prompt`. Empty instructions give none.
+pub fn instruct(p: &Profile, system: &str) -> Vec<String> {
+    let system = system.trim();
+    if system.is_empty() {
+        return Vec::new();
+    }
+    match p.name {
+        "codex" => vec!["-c".into(), format!("developer_instructions={}", toml_string(system))],
+        "claude" | "pi" => vec!["--append-system-prompt".into(), system.to_owned()],
+        _ => Vec::new(),
+    }
+}
+
 /// `s` as a TOML basic string.
 fn toml_string(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_default()

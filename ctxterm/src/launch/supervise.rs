@@ -164,6 +164,30 @@ fn prepare_profile(h: &Path, c: &Contract) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Serves the run `c` its egress proxy to the model at `url`, splices the proxy's port into
+/// the sandbox and points the CLI at it; each refused request is a `net.refused` event.
+fn proxy(c: &mut Contract, url: &str) -> Result<()> {
+    let url = policy::model::Url::parse(url).map_err(Error::Invalid)?;
+    let dir = runtime::session_dir(&c.ctx, c.uid, c.session_owner(), &c.session);
+    let (agent, session) = (c.agent.clone(), c.session.clone());
+    let refused = move |what: &str| {
+        let event = json!({"ts": session::timestamp(), "type": "net.refused", "agent": agent,
+            "session": session, "request": what,
+            "reason": "the run reaches its model alone (no network:default connect)"});
+        let _ = session::append_event(&dir, &event);
+    };
+    let port = super::egress::serve(super::egress::Allowed { url }, refused)
+        .map_err(|e| Error::Supervise(format!("the egress proxy: {e}")))?;
+    c.egress = Some(port);
+    let at = format!("http://127.0.0.1:{port}");
+    for k in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
+        c.env.push((k.to_owned(), at.clone()));
+    }
+    c.env.push(("NO_PROXY".to_owned(), "localhost,127.0.0.1,::1".to_owned()));
+    c.env.push(("no_proxy".to_owned(), "localhost,127.0.0.1,::1".to_owned()));
+    Ok(())
+}
+
 /// Variables that conventionally hold model keys: never passed to a supervisor.
 const KEY_VARIABLES: [&str; 2] = ["OPENAI_API_KEY", "ANTHROPIC_API_KEY"];
 
@@ -305,7 +329,7 @@ pub fn start(s: &Start, out: &mut dyn Write) -> Result<Started> {
 
 /// Runs the supervisor of the run whose contract is at `contract_file`.
 pub fn supervise(contract_file: &Path, key_fd: Option<i32>) -> Result<()> {
-    let c = rundir::read_contract(contract_file)?;
+    let mut c = rundir::read_contract(contract_file)?;
     let fail = |what: &str, e: std::io::Error| Error::Supervise(format!("{what}: {e}"));
     let key = match key_fd {
         Some(fd) => Some(crate::term::read_secret_fd(fd).map_err(|e| fail("--key-fd", e))?),
@@ -355,6 +379,9 @@ pub fn supervise(contract_file: &Path, key_fd: Option<i32>) -> Result<()> {
     let limits = policy::limits::Limits { memory: c.memory, pids: c.pids, cpu: c.cpu };
     let groups = cgroups::create(&format!("{}.{}", c.agent, c.session), &limits)
         .map_err(|e| Error::Cgroups(e.to_string()))?;
+    if let Some(u) = c.proxy.clone() {
+        proxy(&mut c, &u)?;
+    }
     let mut cmd = sandbox::command(&c, &groups.procs())?;
     if let Some((i, o, e)) = streams {
         cmd.stdin(Stdio::from(i)).stdout(Stdio::from(o)).stderr(Stdio::from(e));
