@@ -48,20 +48,22 @@ impl World {
         World { s, work }
     }
 
-    fn start(&self, session: &str, extra: &[&str], cmd: &[&str]) -> Output {
-        Command::new(tests::bin("ctx"))
-            .args(["agent", "start", "coder", "--session", session, "--ctx"])
+    /// `ctx agent start coder --session SESSION` on this world, with `extra`, up to `--`.
+    fn command(&self, session: &str, extra: &[&str]) -> Command {
+        let mut c = Command::new(tests::bin("ctx"));
+        c.args(["agent", "start", "coder", "--session", session, "--ctx"])
             .arg(&self.s.mnt)
             .arg("--control")
             .arg(&self.s.control)
             .arg("--cwd")
             .arg(&self.work)
             .args(extra)
-            .arg("--")
-            .args(cmd)
-            .env("SECRET_TOKEN", "operator-secret")
-            .output()
-            .unwrap()
+            .arg("--");
+        c
+    }
+
+    fn start(&self, session: &str, extra: &[&str], cmd: &[&str]) -> Output {
+        self.command(session, extra).args(cmd).env("SECRET_TOKEN", "operator-secret").output().unwrap()
     }
 }
 
@@ -491,18 +493,7 @@ fn with_model_at(w: &World, api: &str, base: &str, key: &str) -> PathBuf {
 
 /// Runs coder with `profile` and `args`, its key from `secrets`, headless.
 fn run_cli(w: &World, s: &str, profile: &str, secrets: &Path, args: &[&str]) -> Output {
-    Command::new(tests::bin("ctx"))
-        .args(["agent", "start", "coder", "--session", s, "--ctx"])
-        .arg(&w.s.mnt)
-        .arg("--control")
-        .arg(&w.s.control)
-        .arg("--cwd")
-        .arg(&w.work)
-        .args(["--wait", "--profile", profile, "--"])
-        .args(args)
-        .env("CTX_SECRETS", secrets)
-        .output()
-        .unwrap()
+    w.command(s, &["--wait", "--profile", profile]).args(args).env("CTX_SECRETS", secrets).output().unwrap()
 }
 
 /// The tool events of a session.
@@ -645,15 +636,9 @@ fn a_models_key_reaches_the_clis_environment_and_nowhere_else() {
     let w = World::new();
     let secrets = with_model(&w, "openai-responses", &ep, &key);
     let s = session("leak");
-    let run = Command::new(tests::bin("ctx"))
-        .args(["agent", "start", "coder", "--session", &s, "--ctx"])
-        .arg(&w.s.mnt)
-        .arg("--control")
-        .arg(&w.s.control)
-        .arg("--cwd")
-        .arg(&w.work)
-        .args(["--wait", "--profile", "codex", "--", "exec", "--skip-git-repo-check"])
-        .args(["--dangerously-bypass-approvals-and-sandbox", "go"])
+    let run = w
+        .command(&s, &["--wait", "--profile", "codex"])
+        .args(["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "go"])
         .env("CTX_SECRETS", &secrets)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

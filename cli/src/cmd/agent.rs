@@ -256,12 +256,12 @@ pub struct StartArgs {
     cmd: Vec<String>,
 }
 
-/// The storage agents live in (always the system tier).
+/// The storage agents and models live in (always the system tier).
 #[derive(Debug, clap::Args)]
 pub struct At {
     /// The storage directory.
     #[arg(long, default_value = DEFAULT_STORAGE)]
-    source: PathBuf,
+    pub source: PathBuf,
 }
 
 /// Arguments of `ctx agent new`.

@@ -4,13 +4,12 @@
 //! Exit codes: 0 ok, 1 failure (exists, missing), 2 invalid input, 13 permission denied.
 
 use std::io::Read;
-use std::path::PathBuf;
 
 use clap::Subcommand;
 use ctxterm::launch::{models, secrets};
 use policy::model::{Api, Driver, Url};
 
-use crate::cmd::object::DEFAULT_STORAGE;
+use crate::cmd::agent::At;
 use crate::exit::{self, Exit};
 use crate::out;
 
@@ -77,14 +76,6 @@ pub enum Cmd {
         /// PROVIDER/MODEL.
         name: String,
     },
-}
-
-/// The storage models live in.
-#[derive(Debug, clap::Args)]
-pub struct At {
-    /// The storage directory.
-    #[arg(long, default_value = DEFAULT_STORAGE)]
-    source: PathBuf,
 }
 
 /// The secret store: `/var/lib/cortexfs/secrets` (or $CTX_SECRETS), root's only.
