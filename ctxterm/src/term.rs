@@ -48,13 +48,20 @@ pub fn headless(command: &[String], env: &[(std::ffi::OsString, std::ffi::OsStri
     Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
 }
 
-/// Client modes.
+/// The terminal's size until a client says its own: columns, rows.
+pub const DEFAULT_SIZE: (u16, u16) = (80, 24);
+
+/// Client modes: the first line a client sends is `watch`, `attach`, `attach COLSxROWS` (the
+/// client's window size, applied to the PTY), or `resize COLSxROWS` (a connection that only
+/// changes the size, as an attached client does on SIGWINCH, and closes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     /// Output only.
     Watch,
     /// Output and input.
     Attach,
+    /// Only a new window size.
+    Resize,
 }
 
 #[derive(Debug)]
@@ -99,12 +106,12 @@ pub fn run(opts: &Options) -> Result<i32, RunError> {
         rustix::fs::OFlags::RDWR | rustix::fs::OFlags::NOCTTY,
         rustix::fs::Mode::empty(),
     )?;
-    if let Some((cols, rows)) = opts.size {
-        rustix::termios::tcsetwinsize(
-            &master,
-            Winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 },
-        )?;
-    }
+    // A sane size before the first client says its own (a 0x0 terminal shows CLIs nothing).
+    let (cols, rows) = opts.size.unwrap_or(DEFAULT_SIZE);
+    rustix::termios::tcsetwinsize(
+        &master,
+        Winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 },
+    )?;
     // The socket exists before the command runs.
     let _ = std::fs::remove_file(&opts.socket);
     let listener = UnixListener::bind(&opts.socket)?;
@@ -119,7 +126,7 @@ pub fn run(opts: &Options) -> Result<i32, RunError> {
     // all of the output, however much comes before it would otherwise have joined.
     let first = if opts.wait_client {
         let (stream, _) = listener.accept()?;
-        join(stream, &state)
+        join(stream, &state, &File::from(master.try_clone()?))
     } else {
         None
     };
@@ -223,24 +230,54 @@ fn pump(master: &mut File, state: &Mutex<State>) {
     }
 }
 
-/// Reads the mode line: `watch\n` or `attach\n`.
-fn mode(stream: &mut UnixStream) -> io::Result<Mode> {
+/// Reads the mode line (see [`Mode`]): the mode and the size it names, if any.
+fn mode(stream: &mut UnixStream) -> io::Result<(Mode, Option<(u16, u16)>)> {
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut line = Vec::new();
     let mut b = [0u8; 1];
-    while line.len() < 16 {
+    while line.len() < 32 {
         stream.read_exact(&mut b)?;
         if b[0] == b'\n' {
             stream.set_read_timeout(None)?;
-            return match &line[..] {
-                b"watch" => Ok(Mode::Watch),
-                b"attach" => Ok(Mode::Attach),
-                _ => Err(io::Error::new(io::ErrorKind::InvalidInput, "unknown mode (watch or attach)")),
-            };
+            return parse_mode(&line);
         }
         line.push(b[0]);
     }
     Err(io::Error::new(io::ErrorKind::InvalidInput, "mode line too long"))
+}
+
+/// Parses a mode line without its newline.
+pub fn parse_mode(line: &[u8]) -> io::Result<(Mode, Option<(u16, u16)>)> {
+    let bad = |why: &str| io::Error::new(io::ErrorKind::InvalidInput, why.to_owned());
+    let line = std::str::from_utf8(line).map_err(|_| bad("unknown mode (watch, attach or resize)"))?;
+    let (word, size) = match line.split_once(' ') {
+        Some((w, s)) => (w, Some(s)),
+        None => (line, None),
+    };
+    let size = match size {
+        None => None,
+        Some(s) => {
+            let (c, r) = s.split_once('x').ok_or_else(|| bad("a size is COLSxROWS"))?;
+            match (c.parse::<u16>(), r.parse::<u16>()) {
+                (Ok(c), Ok(r)) if c > 0 && r > 0 => Some((c, r)),
+                _ => return Err(bad("a size is COLSxROWS, each 1 to 65535")),
+            }
+        }
+    };
+    match (word, size) {
+        ("watch", None) => Ok((Mode::Watch, None)),
+        ("attach", size) => Ok((Mode::Attach, size)),
+        ("resize", Some(size)) => Ok((Mode::Resize, Some(size))),
+        _ => Err(bad("unknown mode (watch, attach [COLSxROWS] or resize COLSxROWS)")),
+    }
+}
+
+/// Sets the PTY's window size (the kernel tells the foreground process group: SIGWINCH).
+fn resize(master: &File, (cols, rows): (u16, u16)) {
+    let _ = rustix::termios::tcsetwinsize(
+        master,
+        Winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 },
+    );
 }
 
 /// How long a client may leave its output unread before it is dropped.
@@ -256,14 +293,20 @@ struct Joined {
 
 /// Reads a client's mode line and registers it; `None` (the client told why) when it cannot be
 /// served.
-fn join(mut stream: UnixStream, state: &Mutex<State>) -> Option<Joined> {
-    let mode = match self::mode(&mut stream) {
+fn join(mut stream: UnixStream, state: &Mutex<State>, master: &File) -> Option<Joined> {
+    let (mode, size) = match self::mode(&mut stream) {
         Ok(m) => m,
         Err(e) => {
             let _ = writeln!(stream, "ctxterm: {e}");
             return None;
         }
     };
+    if let Some(size) = size {
+        resize(master, size);
+    }
+    if mode == Mode::Resize {
+        return None;
+    }
     let (tx, rx) = sync_channel::<Arc<[u8]>>(CLIENT_QUEUE);
     let snapshot = {
         let Ok(mut st) = state.lock() else { return None };
@@ -284,7 +327,7 @@ fn join(mut stream: UnixStream, state: &Mutex<State>) -> Option<Joined> {
 }
 
 fn serve(stream: UnixStream, master: File, state: &Mutex<State>, writing: Arc<()>) {
-    if let Some(j) = join(stream, state) {
+    if let Some(j) = join(stream, state, &master) {
         serve_joined(j, master, writing);
     }
 }
@@ -320,7 +363,7 @@ fn serve_joined(j: Joined, mut master: File, writing: Arc<()>) {
                 }
             }
         }
-        Mode::Watch => {
+        Mode::Watch | Mode::Resize => {
             // A watcher cannot type: its input is read and discarded.
             let mut sink = [0u8; 4096];
             while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
@@ -381,5 +424,23 @@ fn unsafe_borrow(fd: i32) -> std::os::fd::BorrowedFd<'static> {
     // SAFETY: used only for one fcntl(F_GETFD) right away, which fails cleanly on a closed number.
     unsafe {
         std::os::fd::BorrowedFd::borrow_raw(fd)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mode_lines_name_a_mode_and_maybe_a_size() {
+        assert_eq!(parse_mode(b"watch").unwrap(), (Mode::Watch, None));
+        assert_eq!(parse_mode(b"attach").unwrap(), (Mode::Attach, None));
+        assert_eq!(parse_mode(b"attach 120x40").unwrap(), (Mode::Attach, Some((120, 40))));
+        assert_eq!(parse_mode(b"resize 80x24").unwrap(), (Mode::Resize, Some((80, 24))));
+        for bad in
+            [&b"resize"[..], b"watch 80x24", b"attach 0x10", b"attach 80x", b"attach x", b"type", b"\xff"]
+        {
+            assert!(parse_mode(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        }
     }
 }

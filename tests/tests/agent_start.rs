@@ -818,3 +818,75 @@ fn an_agent_update_of_system_md_is_what_the_next_runs_cli_is_told() {
     let next = ep.seen()[n].body.to_string();
     assert!(next.contains("Answer like a ship captain."), "the next run is told: {next}");
 }
+
+/// `tmux ARGS` on the test's own tmux server `sock`.
+fn tmux(sock: &Path, args: &[&str]) -> Output {
+    Command::new("tmux").arg("-S").arg(sock).args(args).output().unwrap()
+}
+
+/// Waits until `f` holds (10 s at most).
+fn until(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(10), "waited in vain for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `ctx agent attach` from a terminal (a tmux pane): the agent's PTY takes the pane's size on
+/// attach and on resize, typed keys reach it once, Ctrl-] detaches and leaves the run going,
+/// and the pane's terminal is as it was.
+#[test]
+fn attach_is_a_terminal_with_a_size_and_a_detach_key() {
+    const PROGRAM: &str = "import os, signal, sys\n\
+        def size(*_):\n    c, r = os.get_terminal_size(0)\n    open('/workspace/size', 'w').write('%dx%d' % (c, r))\n\
+        signal.signal(signal.SIGWINCH, size)\nsize()\n\
+        for line in sys.stdin:\n    open('/workspace/lines', 'a').write('got:' + line)\n";
+    let w = World::new();
+    let s = session("tmux");
+    let out = w.start(&s, &[], &["/usr/bin/python3", "-c", PROGRAM]);
+    assert!(out.status.success(), "{}", text(&out));
+    let read = |f: &str| fs::read_to_string(w.work.join(f)).unwrap_or_default();
+    until("the default size", || read("size") == "80x24");
+    let sock = w.s.dir.path().join("tmux.sock");
+    let ctx = tests::bin("ctx");
+    let script = w.s.dir.path().join("attach.sh");
+    fs::write(
+        &script,
+        format!(
+            "stty -g > {dir}/before; {ctx} agent attach coder --session {s}; echo \"status $?\" > {dir}/status; \
+             stty -g > {dir}/after; sleep 30\n",
+            dir = w.s.dir.path().display(),
+            ctx = ctx.display()
+        ),
+    )
+    .unwrap();
+    let o = tmux(&sock, &["-f", "/dev/null", "new-session", "-d", "-s", "t", "-x", "100", "-y", "30"]);
+    assert!(o.status.success(), "{}", text(&o));
+    tmux(&sock, &["set", "-g", "status", "off"]);
+    let o = tmux(&sock, &["respawn-pane", "-k", "-t", "t", &format!("sh {}", script.display())]);
+    assert!(o.status.success(), "{}", text(&o));
+    until("the pane's size", || read("size") == "100x30");
+    tmux(&sock, &["resize-window", "-t", "t", "-x", "120", "-y", "40"]);
+    until("the new size", || read("size") == "120x40");
+    tmux(&sock, &["send-keys", "-t", "t", "hello", "Enter"]);
+    until("the line", || read("lines").contains("got:hello"));
+    // Echoed once, by the agent's PTY: the local terminal is raw (a cooked one echoes too).
+    let screen = String::from_utf8_lossy(&tmux(&sock, &["capture-pane", "-p", "-t", "t"]).stdout).into_owned();
+    assert_eq!(screen.matches("hello").count(), 1, "{screen}");
+    tmux(&sock, &["send-keys", "-t", "t", "C-]"]);
+    let dir = w.s.dir.path().to_path_buf();
+    until("the client to leave", || dir.join("status").exists());
+    assert_eq!(fs::read_to_string(dir.join("status")).unwrap(), "status 0\n");
+    assert_eq!(read("lines"), "got:hello\n", "typed once");
+    assert_eq!(
+        fs::read_to_string(dir.join("before")).unwrap(),
+        fs::read_to_string(dir.join("after")).unwrap(),
+        "the local terminal is restored"
+    );
+    let ps = Command::new(&ctx).args(["agent", "ps"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&ps.stdout).contains(&s), "the run keeps going: {}", text(&ps));
+    tmux(&sock, &["kill-server"]);
+    let o = Command::new(&ctx).args(["agent", "stop", "coder", "--session", &s]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+}

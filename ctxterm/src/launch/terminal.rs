@@ -15,18 +15,106 @@ fn connect_to(agent: &str, session: &str) -> Result<UnixStream> {
         .map_err(|e| Error::Unavailable(format!("{}: {e} (is the agent running?)", sock.display())))
 }
 
+/// The key that detaches an attached client and leaves the run going: Ctrl-] (as telnet's).
+pub const DETACH_KEY: u8 = 0x1d;
+
+/// This process's terminal in raw mode until dropped (or a signal that ends the client), so
+/// that every key goes to the agent's terminal as typed: Ctrl-C included, echo by the agent's
+/// PTY alone.
+struct Raw {
+    saved: rustix::termios::Termios,
+}
+
+impl Raw {
+    fn enter() -> Option<Raw> {
+        let stdin = std::io::stdin();
+        let saved = rustix::termios::tcgetattr(&stdin).ok()?;
+        let mut raw = saved.clone();
+        raw.make_raw();
+        rustix::termios::tcsetattr(&stdin, rustix::termios::OptionalActions::Now, &raw).ok()?;
+        // A signal that ends the client restores the terminal first.
+        let restore = saved.clone();
+        if let Ok(mut signals) = signal_hook::iterator::Signals::new([
+            signal_hook::consts::SIGTERM,
+            signal_hook::consts::SIGHUP,
+            signal_hook::consts::SIGINT,
+            signal_hook::consts::SIGQUIT,
+        ]) {
+            std::thread::spawn(move || {
+                if let Some(sig) = signals.forever().next() {
+                    let _ = rustix::termios::tcsetattr(
+                        std::io::stdin(),
+                        rustix::termios::OptionalActions::Now,
+                        &restore,
+                    );
+                    std::process::exit(128 + sig);
+                }
+            });
+        }
+        Some(Raw { saved })
+    }
+}
+
+impl Drop for Raw {
+    fn drop(&mut self) {
+        let _ =
+            rustix::termios::tcsetattr(std::io::stdin(), rustix::termios::OptionalActions::Now, &self.saved);
+    }
+}
+
+/// This process's window size, if it has a terminal.
+fn window() -> Option<(u16, u16)> {
+    let ws = rustix::termios::tcgetwinsize(std::io::stdout())
+        .or_else(|_| rustix::termios::tcgetwinsize(std::io::stdin()))
+        .ok()?;
+    (ws.ws_col > 0 && ws.ws_row > 0).then_some((ws.ws_col, ws.ws_row))
+}
+
 /// Relays the terminal to `out` until it ends (`attach`: and this process's stdin into it);
-/// fails with the terminal's status when it is not 0.
+/// fails with the terminal's status when it is not 0. Attached from a terminal, the local
+/// terminal is raw for the length of it (restored on every way out), the window size goes to
+/// the agent's PTY when attaching and on each SIGWINCH, and [`DETACH_KEY`] leaves the run
+/// going.
 pub fn relay(agent: &str, session: &str, attach: bool, out: &mut dyn Write) -> Result<()> {
     let mut s = connect_to(agent, session)?;
-    s.write_all(if attach { b"attach\n" } else { b"watch\n" })?;
+    let size = if attach { window() } else { None };
+    match (attach, size) {
+        (true, Some((c, r))) => s.write_all(format!("attach {c}x{r}\n").as_bytes())?,
+        (true, None) => s.write_all(b"attach\n")?,
+        (false, _) => s.write_all(b"watch\n")?,
+    }
+    let detached = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let raw = if attach && std::io::IsTerminal::is_terminal(&std::io::stdin()) { Raw::enter() } else { None };
+    if raw.is_some() {
+        let (agent, session) = (agent.to_owned(), session.to_owned());
+        if let Ok(mut winch) = signal_hook::iterator::Signals::new([signal_hook::consts::SIGWINCH]) {
+            std::thread::spawn(move || {
+                for _ in winch.forever() {
+                    if let (Some((c, r)), Ok(mut conn)) = (window(), connect_to(&agent, &session)) {
+                        let _ = conn.write_all(format!("resize {c}x{r}\n").as_bytes());
+                    }
+                }
+            });
+        }
+    }
     if attach {
         let mut w = s.try_clone()?;
+        let (detach, watch_for_key) = (std::sync::Arc::clone(&detached), raw.is_some());
         std::thread::spawn(move || {
             let mut buf = [0u8; 4096];
             let mut stdin = std::io::stdin();
             while let Ok(n) = stdin.read(&mut buf) {
-                if n == 0 || w.write_all(&buf[..n]).is_err() {
+                if n == 0 {
+                    break;
+                }
+                let key = if watch_for_key { buf[..n].iter().position(|b| *b == DETACH_KEY) } else { None };
+                let upto = key.unwrap_or(n);
+                if w.write_all(&buf[..upto]).is_err() {
+                    break;
+                }
+                if key.is_some() {
+                    detach.store(true, std::sync::atomic::Ordering::SeqCst);
+                    let _ = w.shutdown(std::net::Shutdown::Both);
                     break;
                 }
             }
@@ -41,6 +129,13 @@ pub fn relay(agent: &str, session: &str, attach: bool, out: &mut dyn Write) -> R
                 out.flush()?;
             }
         }
+    }
+    drop(raw);
+    if detached.load(std::sync::atomic::Ordering::SeqCst) {
+        eprintln!(
+            "\r\nctx: detached from agent {agent} session {session}; it keeps running (ctx agent attach {agent} --session {session})"
+        );
+        return Ok(());
     }
     // The terminal ended: its status is the watcher's too, once the supervisor recorded it.
     let run = runtime::run_dir(agent, session);
