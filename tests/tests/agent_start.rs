@@ -828,7 +828,7 @@ fn tmux(sock: &Path, args: &[&str]) -> Output {
 fn until(what: &str, mut f: impl FnMut() -> bool) {
     let t = Instant::now();
     while !f() {
-        assert!(t.elapsed() < Duration::from_secs(10), "waited in vain for {what}");
+        assert!(t.elapsed() < Duration::from_secs(20), "waited in vain for {what}");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -872,7 +872,8 @@ fn attach_is_a_terminal_with_a_size_and_a_detach_key() {
     tmux(&sock, &["send-keys", "-t", "t", "hello", "Enter"]);
     until("the line", || read("lines").contains("got:hello"));
     // Echoed once, by the agent's PTY: the local terminal is raw (a cooked one echoes too).
-    let screen = String::from_utf8_lossy(&tmux(&sock, &["capture-pane", "-p", "-t", "t"]).stdout).into_owned();
+    let screen =
+        String::from_utf8_lossy(&tmux(&sock, &["capture-pane", "-p", "-t", "t"]).stdout).into_owned();
     assert_eq!(screen.matches("hello").count(), 1, "{screen}");
     tmux(&sock, &["send-keys", "-t", "t", "C-]"]);
     let dir = w.s.dir.path().to_path_buf();
@@ -889,4 +890,72 @@ fn attach_is_a_terminal_with_a_size_and_a_detach_key() {
     tmux(&sock, &["kill-server"]);
     let o = Command::new(&ctx).args(["agent", "stop", "coder", "--session", &s]).output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
+}
+
+/// The widest line of a tmux pane, in characters.
+fn widest(sock: &Path) -> usize {
+    let screen = String::from_utf8_lossy(&tmux(sock, &["capture-pane", "-p", "-t", "t"]).stdout).into_owned();
+    screen.lines().map(|l| l.trim_end().chars().count()).max().unwrap_or(0)
+}
+
+fn screen(sock: &Path) -> String {
+    String::from_utf8_lossy(&tmux(sock, &["capture-pane", "-p", "-t", "t"]).stdout).into_owned()
+}
+
+/// A hosted CLI's interactive screen, attached from a tmux pane of 100x30: it renders at that
+/// size, follows a resize to 120x36, gets a typed prompt once (the model sees it), and keeps
+/// running after Ctrl-] detaches. `ready` is text of its prompt screen; `before` keys answer
+/// what the CLI asks first.
+fn interactive(profile: &str, api: &str, ready: &str, before: &[(&str, &str)]) {
+    let ep = tests::model_endpoint::Endpoint::start("true", "OK");
+    let w = World::new();
+    let secrets = with_model(&w, api, &ep, "sk-interactive-key");
+    let s = session(&format!("i{profile}"));
+    let out = w.command(&s, &["--profile", profile]).env("CTX_SECRETS", &secrets).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let sock = w.s.dir.path().join("tmux.sock");
+    let ctx = tests::bin("ctx");
+    let o = tmux(&sock, &["-f", "/dev/null", "new-session", "-d", "-s", "t", "-x", "100", "-y", "30"]);
+    assert!(o.status.success(), "{}", text(&o));
+    tmux(&sock, &["set", "-g", "status", "off"]);
+    let attach = format!("{} agent attach coder --session {s}; sleep 60", ctx.display());
+    tmux(&sock, &["respawn-pane", "-k", "-t", "t", &attach]);
+    for (wait_for, keys) in before {
+        until(&format!("{profile}: {wait_for}"), || screen(&sock).contains(wait_for));
+        // Shown is not yet listening: give the CLI a moment to take keys.
+        std::thread::sleep(Duration::from_millis(1500));
+        for k in keys.split(' ') {
+            tmux(&sock, &["send-keys", "-t", "t", k]);
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+    let t = Instant::now();
+    while !screen(&sock).contains(ready) {
+        assert!(t.elapsed() < Duration::from_secs(20), "{profile}'s prompt:\n{}", screen(&sock));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    until(&format!("{profile} at 100 columns"), || (91..=100).contains(&widest(&sock)));
+    tmux(&sock, &["resize-window", "-t", "t", "-x", "120", "-y", "36"]);
+    until(&format!("{profile} at 120 columns"), || (111..=120).contains(&widest(&sock)));
+    std::thread::sleep(Duration::from_millis(1500));
+    tmux(&sock, &["send-keys", "-t", "t", "-l", "hello there"]);
+    std::thread::sleep(Duration::from_millis(500));
+    tmux(&sock, &["send-keys", "-t", "t", "Enter"]);
+    let asked = || ep.seen().iter().filter(|r| r.body.to_string().contains("hello there")).count();
+    until(&format!("{profile}'s request"), || asked() > 0);
+    for r in ep.seen().iter().filter(|r| r.body.to_string().contains("hello")) {
+        assert_eq!(r.body.to_string().matches("hello").count(), 1, "typed once: {}", r.body);
+    }
+    tmux(&sock, &["send-keys", "-t", "t", "C-]"]);
+    until("the client to leave", || screen(&sock).contains("detached"));
+    let ps = Command::new(&ctx).args(["agent", "ps"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&ps.stdout).contains(&s), "{profile} keeps running: {}", text(&ps));
+    tmux(&sock, &["kill-server"]);
+    let _ = Command::new(&ctx).args(["agent", "stop", "coder", "--session", &s]).output();
+}
+
+#[test]
+fn interactive_codex_and_claude_code_are_usable_attached_from_a_terminal() {
+    interactive("codex", "openai-responses", "Ask Codex to do anything", &[]);
+    interactive("claude", "anthropic-messages", "API Usage Billing", &[("trust this folder", "Down Enter")]);
 }

@@ -93,6 +93,9 @@ pub struct Contract {
     /// Files the profile writes into that home before the run (relative path, contents).
     #[serde(default)]
     pub home_files: Vec<(String, String)>,
+    /// Files the profile makes in that home when they are missing.
+    #[serde(default)]
+    pub home_seed: Vec<(String, String)>,
     /// The model the run's CLI is pointed at (`PROVIDER/MODEL`).
     #[serde(default)]
     pub model: Option<String>,
@@ -416,7 +419,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
         },
     };
     let (mut model, mut key_env, mut key, mut egress, mut proxy) = (None, None, None, None, None);
-    let (mut home_dirs, mut home_files) = (Vec::new(), Vec::new());
+    let (mut home_dirs, mut home_files, mut home_seed) = (Vec::new(), Vec::new(), Vec::new());
     let cmd = match &s.profile {
         Some(name) => {
             let p = profiles::find(name).ok_or_else(|| {
@@ -430,7 +433,8 @@ pub fn derive(s: &Start) -> Result<Contract> {
             }
             env.extend(p.env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
             home_dirs = p.dirs.iter().map(|d| (*d).to_owned()).collect();
-            let mut args = Vec::new();
+            home_seed = p.seed.iter().map(|(f, t)| ((*f).to_owned(), (*t).to_owned())).collect();
+            let mut args: Vec<String> = p.args.iter().map(|a| (*a).to_owned()).collect();
             // The agent's model (or main): none at all leaves the CLI with its own configuration.
             let named = read_control(&s.ctx, &s.agent, "model").unwrap_or_default();
             let named = named.lines().next().unwrap_or("").trim().to_owned();
@@ -455,7 +459,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
                     env.retain(|(key, _)| *key != k);
                     env.push((k, v));
                 }
-                args = w.args;
+                args.extend(w.args);
                 home_files = w.files;
                 model = Some(m.name);
             }
@@ -505,6 +509,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
             .then(|| runtime::agent_home(&runtime::view_dir(&s.agent, &s.session), uid, &s.agent)),
         home_dirs,
         home_files,
+        home_seed,
         model,
         key_env,
         key,

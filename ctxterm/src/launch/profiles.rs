@@ -22,6 +22,11 @@ pub struct Profile {
     pub env: &'static [(&'static str, &'static str)],
     /// Directories it needs in the agent's home, made before the run (relative to it).
     pub dirs: &'static [&'static str],
+    /// Files made in the agent's home when missing (relative path, contents), never changed
+    /// once there: the CLI's own state from then on.
+    pub seed: &'static [(&'static str, &'static str)],
+    /// Arguments before everything else.
+    pub args: &'static [&'static str],
     /// Where it comes from, for the error when it is missing.
     pub install: &'static str,
     /// Whether it talks to a model (and so resolves the agent's).
@@ -35,6 +40,8 @@ pub const PROFILES: &[Profile] = &[
         program: "/ctx/bin/tsh",
         env: &[],
         dirs: &[],
+        seed: &[],
+        args: &[],
         install: "ctx mount serves it in /ctx/bin",
         hosted: false,
     },
@@ -43,6 +50,9 @@ pub const PROFILES: &[Profile] = &[
         program: "/usr/bin/codex",
         env: &[("CODEX_HOME", "/home/agent/.codex")],
         dirs: &[".codex"],
+        seed: &[],
+        // The sandbox is CortexFS's: Codex's own cannot nest in it (no user namespaces inside).
+        args: &["-c", "sandbox_mode=\"danger-full-access\""],
         install: "npm install -g @openai/codex",
         hosted: true,
     },
@@ -55,6 +65,10 @@ pub const PROFILES: &[Profile] = &[
             ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
         ],
         dirs: &[".claude"],
+        // First-run onboarding checks that api.anthropic.com answers, which a sandbox reaching
+        // only its model cannot: the agent's Claude Code starts as one that has been set up.
+        seed: &[(".claude/.claude.json", "{\"hasCompletedOnboarding\": true}\n")],
+        args: &[],
         install: "npm install -g @anthropic-ai/claude-code",
         hosted: true,
     },
@@ -63,6 +77,8 @@ pub const PROFILES: &[Profile] = &[
         program: "/usr/bin/pi",
         env: &[],
         dirs: &[".pi", ".pi/agent"],
+        seed: &[],
+        args: &[],
         install: "npm install -g @mariozechner/pi-coding-agent",
         hosted: true,
     },
@@ -137,10 +153,19 @@ pub fn wire(p: &Profile, m: &Model) -> Result<Wired> {
                 ("ANTHROPIC_DEFAULT_SONNET_MODEL", m.id.as_str()),
                 ("ANTHROPIC_DEFAULT_OPUS_MODEL", m.id.as_str()),
             ];
+            // The key comes through a helper that prints the variable: Claude Code then neither
+            // asks whether to use a key found in its environment nor keeps a part of it.
+            let key = "CORTEXFS_MODEL_KEY";
+            let args = if m.driver.needs_key {
+                let settings = serde_json::json!({"apiKeyHelper": format!("printenv {key}")});
+                vec!["--settings".to_owned(), settings.to_string()]
+            } else {
+                Vec::new()
+            };
             Ok(Wired {
-                args: Vec::new(),
+                args,
                 env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
-                key_env: m.driver.needs_key.then(|| "ANTHROPIC_API_KEY".to_owned()),
+                key_env: m.driver.needs_key.then(|| key.to_owned()),
                 files: Vec::new(),
             })
         }
@@ -209,7 +234,8 @@ mod tests {
         assert!(wire(find("claude").unwrap(), &model("openai-responses")).is_err());
         let c = wire(find("claude").unwrap(), &model("anthropic-messages")).unwrap();
         assert!(c.env.contains(&("ANTHROPIC_MODEL".into(), "m-1".into())));
-        assert_eq!(c.key_env.as_deref(), Some("ANTHROPIC_API_KEY"));
+        assert_eq!(c.key_env.as_deref(), Some("CORTEXFS_MODEL_KEY"));
+        assert!(c.args.join(" ").contains("printenv CORTEXFS_MODEL_KEY"), "{:?}", c.args);
         let p = wire(find("pi").unwrap(), &model("openai-chat")).unwrap();
         assert_eq!(p.args, ["--provider", "cortexfs", "--model", "m-1"]);
         let (path, text) = &p.files[0];

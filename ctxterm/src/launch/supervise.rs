@@ -146,6 +146,23 @@ fn prepare_profile(h: &Path, c: &Contract) -> std::io::Result<()> {
     for d in &c.home_dirs {
         dir_of(d)?;
     }
+    for (rel, text) in &c.home_seed {
+        let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel.as_str()));
+        let dfd = dir_of(dir)?;
+        match rustix::fs::openat(
+            &dfd,
+            name,
+            OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        ) {
+            Ok(fd) => {
+                own(&fd)?;
+                std::fs::File::from(fd).write_all(text.as_bytes())?;
+            }
+            Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
     for (rel, text) in &c.home_files {
         let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel.as_str()));
         let dfd = dir_of(dir)?;
