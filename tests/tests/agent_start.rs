@@ -854,8 +854,8 @@ fn attach_is_a_terminal_with_a_size_and_a_detach_key() {
     fs::write(
         &script,
         format!(
-            "stty -g > {dir}/before; {ctx} agent attach coder --session {s}; echo \"status $?\" > {dir}/status; \
-             stty -g > {dir}/after; sleep 30\n",
+            "stty -g > {dir}/before; {ctx} agent attach coder --session {s}; st=$?; stty -g > {dir}/after; \
+             echo \"status $st\" > {dir}/status.tmp; mv {dir}/status.tmp {dir}/status; sleep 30\n",
             dir = w.s.dir.path().display(),
             ctx = ctx.display()
         ),

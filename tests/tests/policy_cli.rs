@@ -294,3 +294,69 @@ fn installs_never_create_a_storage() {
         }
     }
 }
+
+/// `ctx secret`: values from stdin only, files of root's only, `ls` never shows a value; and
+/// `ctx model`: a strict route, aliases, and no removal while an alias points at a model.
+#[test]
+fn secrets_and_models_from_the_command_line() {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("secrets");
+    let ctx = |args: &[&str], input: &str| {
+        let mut c = std::process::Command::new(tests::bin("ctx"))
+            .args(args)
+            .env("CTX_SECRETS", &store)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        c.wait_with_output().unwrap()
+    };
+    let o = ctx(&["secret", "set", "acme"], "sk-value-42\n");
+    assert!(o.status.success(), "{}", tests::shown(&o));
+    let f = store.join("cortexfs:acme/api-key");
+    assert_eq!(std::fs::read(&f).unwrap(), b"sk-value-42", "stored without its newline");
+    assert_eq!(std::fs::metadata(&f).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(std::fs::metadata(&store).unwrap().permissions().mode() & 0o777, 0o700);
+    let o = ctx(&["secret", "ls"], "");
+    assert_eq!(text(&o.stdout), "cortexfs:acme\tapi-key\n");
+    assert!(!text(&o.stdout).contains("sk-value"));
+    assert_eq!(ctx(&["secret", "set", "acme", "--account", "oauth:access"], "t").status.code(), Some(0));
+    assert_eq!(ctx(&["secret", "set", "acme", "--account", "password"], "t").status.code(), Some(2));
+    assert_eq!(ctx(&["secret", "set", "../x"], "t").status.code(), Some(2));
+    assert_eq!(ctx(&["secret", "set", "acme"], "").status.code(), Some(2), "an empty secret");
+    std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert_eq!(ctx(&["secret", "set", "acme"], "x").status.code(), Some(13), "a store others can read");
+    std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o700)).unwrap();
+    assert_eq!(ctx(&["secret", "rm", "acme"], "").status.code(), Some(0));
+    assert_eq!(ctx(&["secret", "rm", "acme"], "").status.code(), Some(1));
+
+    let storage = d.path().join("storage");
+    std::fs::create_dir_all(&storage).unwrap();
+    let st = storage.to_str().unwrap();
+    let add = |extra: &[&str]| {
+        let mut a = vec!["model", "add", "acme/big", "--source", st];
+        a.extend(extra);
+        ctx(&a, "")
+    };
+    assert_eq!(add(&["--api", "nope", "--base-url", "http://h"]).status.code(), Some(2));
+    assert_eq!(add(&["--api", "openai-chat", "--base-url", "http://u@h"]).status.code(), Some(2));
+    let o = add(&["--api", "openai-chat", "--base-url", "https://api.acme.test/v1", "--id", "big-2"]);
+    assert!(o.status.success(), "{}", tests::shown(&o));
+    assert_eq!(
+        std::fs::read_to_string(storage.join("model/acme/big.d/driver")).unwrap(),
+        "api=openai-chat\nbase_url=https://api.acme.test/v1\n"
+    );
+    assert_eq!(add(&["--api", "openai-chat", "--base-url", "http://h"]).status.code(), Some(1), "exists");
+    assert_eq!(ctx(&["model", "alias", "main", "acme/none", "--source", st], "").status.code(), Some(1));
+    assert!(ctx(&["model", "alias", "main", "acme/big", "--source", st], "").status.success());
+    let o = ctx(&["model", "ls", "--json", "--source", st], "");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["models"][0]["id"], "big-2");
+    assert_eq!(v["aliases"]["main"], "acme/big");
+    let o = ctx(&["model", "rm", "acme/big", "--source", st], "");
+    assert_eq!(o.status.code(), Some(1), "main points at it: {}", tests::shown(&o));
+}
