@@ -119,8 +119,14 @@ pub struct Contract {
     pub headless: bool,
 }
 
-/// A model key in memory; never printed.
-pub struct Key(pub Vec<u8>);
+/// A model key in memory, and the variables of the caller's it may have come from (the
+/// supervisor never inherits them); never printed.
+pub struct Key {
+    /// The key.
+    pub value: Vec<u8>,
+    /// The route's variables.
+    pub vars: Vec<String>,
+}
 
 impl std::fmt::Debug for Key {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -453,7 +459,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
                 } else if !network {
                     proxy = Some(m.driver.base_url.to_string());
                 }
-                key = models::key(&m)?.map(Key);
+                key = models::key(&m)?.map(|value| Key { value, vars: m.driver.key_vars() });
                 key_env = w.key_env.filter(|_| key.is_some());
                 for (k, v) in w.env {
                     env.retain(|(key, _)| *key != k);

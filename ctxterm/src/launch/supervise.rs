@@ -98,21 +98,15 @@ fn spawn(s: &Start) -> Result<(Contract, std::process::Child)> {
     // The key goes to the supervisor through a pipe of its own, never its arguments or
     // environment (from which the route's variables are removed).
     let key_pipe = match &c.key {
-        Some(k) => Some(key_pipe(&k.0)?),
+        Some(k) => Some(key_pipe(&k.value)?),
         None => None,
     };
     if let Some(r) = &key_pipe {
         sup.arg("--key-fd").arg(std::os::fd::AsRawFd::as_raw_fd(r).to_string());
     }
-    for v in KEY_VARIABLES {
-        sup.env_remove(v);
-    }
-    if let Some(m) = &c.model
-        && let Ok(model) = super::models::read(&s.ctx, m)
+    for v in KEY_VARIABLES.iter().copied().chain(c.key.iter().flat_map(|k| k.vars.iter().map(String::as_str)))
     {
-        for v in model.driver.key_vars() {
-            sup.env_remove(v);
-        }
+        sup.env_remove(v);
     }
     let child = sup.spawn().map_err(|e| Error::Supervise(format!("starting the supervisor: {e}")))?;
     drop(key_pipe);
