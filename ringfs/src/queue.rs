@@ -34,7 +34,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags, RenameFlags};
@@ -79,17 +79,9 @@ pub struct Queue {
     dirs: Vec<OwnedFd>,
     lease: Duration,
     syncs: AtomicU64,
-}
-
-/// The filesystem refuses `RENAME_NOREPLACE` (GlusterFS answers EINVAL): no step of the
-/// protocol can be done without replacing, so nothing is done.
-fn no_noreplace(root: &Path) -> Error {
-    Error::Unsupported {
-        path: root.to_path_buf(),
-        reason: "this filesystem refuses rename without replacing (RENAME_NOREPLACE), which every \
-                 step of the queue needs; see docs/deployment.md"
-            .into(),
-    }
+    /// The filesystem refused `RENAME_NOREPLACE` (GlusterFS answers EINVAL): moves check that
+    /// the destination is free and rename, and publish links (see [`Queue::move_new`]).
+    plain: AtomicBool,
 }
 
 fn errno(op: &'static str, path: PathBuf) -> impl FnOnce(Errno) -> Error {
@@ -190,6 +182,7 @@ impl Queue {
             root,
             lease,
             syncs: AtomicU64::new(0),
+            plain: AtomicBool::new(false),
         };
         if made {
             q.fsync(&rfd, &q.root)?;
@@ -230,6 +223,57 @@ impl Queue {
         self.fsync(&self.dirs[dir], &self.root.join(DIRS[dir]))
     }
 
+    /// Moves `from` in `fdir` to `to` in `tdir`, never replacing: EEXIST when `to` exists.
+    ///
+    /// With `RENAME_NOREPLACE` where the filesystem has it. Where it does not (GlusterFS answers
+    /// EINVAL), by a check that `to` is free and a rename: every move of the protocol goes to a
+    /// name that only this move can make (a job's name is published once, and its request moves
+    /// out of a claim once, since a rename of one source entry succeeds once), so the check
+    /// guards against a broken invariant, as NOREPLACE does, and the rename's atomicity does the
+    /// rest.
+    fn move_new<F: AsFd, T: AsFd>(&self, fdir: F, from: &str, tdir: T, to: &str) -> rustix::io::Result<()> {
+        if !self.plain.load(Ordering::Relaxed) {
+            match rustix::fs::renameat_with(&fdir, from, &tdir, to, RenameFlags::NOREPLACE) {
+                Err(Errno::INVAL) => self.plain.store(true, Ordering::Relaxed),
+                r => return r,
+            }
+        }
+        // As NOREPLACE answers: a source gone first (another move won), then a taken name.
+        rustix::fs::statat(&fdir, from, AtFlags::SYMLINK_NOFOLLOW)?;
+        match rustix::fs::statat(&tdir, to, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(_) => return Err(Errno::EXIST),
+            Err(Errno::NOENT) => {}
+            Err(e) => return Err(e),
+        }
+        rustix::fs::renameat(&fdir, from, &tdir, to)
+    }
+
+    /// Publishes the synced temp file `tmp` of `inbox/` as `pending/name`, exclusively: a job's
+    /// name is published once. Without `RENAME_NOREPLACE`, by a hard link (EEXIST on a taken
+    /// name, decided by the filesystem) and the temp name's removal.
+    fn publish_new(&self, tmp: &str, name: &str) -> rustix::io::Result<()> {
+        if !self.plain.load(Ordering::Relaxed) {
+            match rustix::fs::renameat_with(
+                &self.dirs[INBOX],
+                tmp,
+                &self.dirs[PENDING],
+                name,
+                RenameFlags::NOREPLACE,
+            ) {
+                Err(Errno::INVAL) => self.plain.store(true, Ordering::Relaxed),
+                r => return r,
+            }
+        }
+        rustix::fs::linkat(&self.dirs[INBOX], tmp, &self.dirs[PENDING], name, AtFlags::empty())?;
+        rustix::fs::unlinkat(&self.dirs[INBOX], tmp, AtFlags::empty())
+    }
+
+    /// Whether this filesystem refused `RENAME_NOREPLACE`, so that moves check and rename
+    /// ([`Queue::move_new`]); known after the first move.
+    pub fn without_noreplace(&self) -> bool {
+        self.plain.load(Ordering::Relaxed)
+    }
+
     /// Creates `name` in `dir` exclusively with `bytes`, synced.
     fn write_new<Fd: AsFd>(&self, dir: Fd, name: &str, bytes: &[u8], shown: &Path) -> Result<File> {
         let fd = rustix::fs::openat(
@@ -262,18 +306,10 @@ impl Queue {
         }
         let tmp = format!(".{name}.{}.{}", std::process::id(), now_ms());
         self.write_new(&self.dirs[INBOX], &tmp, bytes, &self.path(INBOX, &tmp))?;
-        if let Err(e) = rustix::fs::renameat_with(
-            &self.dirs[INBOX],
-            &tmp,
-            &self.dirs[PENDING],
-            name,
-            RenameFlags::NOREPLACE,
-        ) {
+        if let Err(e) = self.publish_new(&tmp, name) {
             let _ = rustix::fs::unlinkat(&self.dirs[INBOX], &tmp, AtFlags::empty());
             return Err(if e == Errno::EXIST {
                 Error::Conflict(format!("job {name} is already pending"))
-            } else if e == Errno::INVAL {
-                no_noreplace(&self.root)
             } else {
                 Error::io("rename", self.path(PENDING, name), e.into())
             });
@@ -322,14 +358,29 @@ impl Queue {
         Ok(l)
     }
 
+    /// The jobs in `pending/`, sorted: regular files with job names (what [`Queue::list`] shows
+    /// as pending), read from that directory alone, however many jobs are finished.
+    fn pending(&self) -> Result<Vec<String>> {
+        let dir = self.root.join(DIRS[PENDING]);
+        let mut names = Vec::new();
+        for e in fs::read_dir(&dir).map_err(|e| Error::io("list", &dir, e))? {
+            let e = e.map_err(|e| Error::io("list", &dir, e))?;
+            let n = e.file_name().to_string_lossy().into_owned();
+            if check_job_name(&n).is_ok() && e.file_type().is_ok_and(|t| t.is_file()) {
+                names.push(n);
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
     /// Claims the first pending job for `worker` and leases it; `None` when nothing is pending.
     /// With `hold_lock`, the lease file stays locked while the [`Claim`] lives, so the job is
     /// never recovered from under a live worker.
     pub fn claim(&self, worker: &str, hold_lock: bool) -> Result<Option<Claim>> {
         policy::name::validate(worker)
             .map_err(|e| Error::Invalid(format!("invalid worker name {worker:?}: {e}")))?;
-        let pending = self.list()?.pending;
-        for job in pending {
+        for job in self.pending()? {
             match rustix::fs::mkdirat(&self.dirs[CLAIMED], job.as_str(), Mode::from_raw_mode(0o755)) {
                 Ok(()) => {}
                 Err(Errno::EXIST) => continue,
@@ -337,13 +388,7 @@ impl Queue {
             }
             self.sync_dir(CLAIMED)?;
             let claim = open_dir_at(&self.dirs[CLAIMED], &job, &self.path(CLAIMED, &job))?;
-            match rustix::fs::renameat_with(
-                &self.dirs[PENDING],
-                job.as_str(),
-                &claim,
-                job.as_str(),
-                RenameFlags::NOREPLACE,
-            ) {
+            match self.move_new(&self.dirs[PENDING], job.as_str(), &claim, job.as_str()) {
                 Ok(()) => {}
                 Err(Errno::NOENT) => {
                     // Gone meanwhile (recovered to failed, or a stale claim race): release.
@@ -351,10 +396,9 @@ impl Queue {
                     self.sync_dir(CLAIMED)?;
                     continue;
                 }
-                Err(Errno::INVAL) => {
-                    let _ = rustix::fs::unlinkat(&self.dirs[CLAIMED], job.as_str(), AtFlags::REMOVEDIR);
-                    return Err(no_noreplace(&self.root));
-                }
+                // This claim directory was reconciled away meanwhile (recovery took it for a
+                // dead claimer's) and its name may be another worker's now: not ours to release.
+                Err(Errno::STALE) => continue,
                 Err(e) => return Err(Error::io("claim", self.path(CLAIMED, &job), e.into())),
             }
             self.fsync(&claim, &self.path(CLAIMED, &job))?;
@@ -364,15 +408,7 @@ impl Queue {
                 Ok(f) => f,
                 Err(e) => {
                     // No lease, no run: give the request back and release the claim.
-                    if rustix::fs::renameat_with(
-                        &claim,
-                        job.as_str(),
-                        &self.dirs[PENDING],
-                        job.as_str(),
-                        RenameFlags::NOREPLACE,
-                    )
-                    .is_ok()
-                    {
+                    if self.move_new(&claim, job.as_str(), &self.dirs[PENDING], job.as_str()).is_ok() {
                         let _ = rustix::fs::unlinkat(&self.dirs[CLAIMED], job.as_str(), AtFlags::REMOVEDIR);
                         self.sync_dir(PENDING)?;
                         self.sync_dir(CLAIMED)?;
@@ -469,27 +505,21 @@ impl Queue {
         let _ = rustix::fs::unlinkat(&c.claim, tmp.as_str(), AtFlags::empty());
         match self.write_new(&c.claim, &tmp, result, &shown.join(&tmp)) {
             Ok(_) => {}
-            // Recovery removed the (fenced) claim directory while the worker stalled.
-            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(Finish::Fenced);
-            }
+            // Recovery removed the (fenced) claim directory while the worker stalled, or (on a
+            // filesystem that reaches a directory by its path: FUSE, NFS) moved it away.
+            Err(Error::Io { source, .. }) if gone(&source) => return Ok(Finish::Fenced),
             Err(e) => return Err(e),
         }
-        match rustix::fs::renameat_with(
-            &c.claim,
-            tmp.as_str(),
-            &c.claim,
-            result_name.as_str(),
-            RenameFlags::NOREPLACE,
-        ) {
+        match self.move_new(&c.claim, tmp.as_str(), &c.claim, result_name.as_str()) {
             Ok(()) => {}
+            Err(Errno::NOENT | Errno::STALE) => return Ok(Finish::Fenced),
             Err(e) => return Err(Error::io("rename", shown.join(&result_name), e.into())),
         }
         let dest = if failed { FAILED } else { DONE };
         // The commit: only one rename of the request out of this claim directory can win.
-        match rustix::fs::renameat_with(&c.claim, job, &self.dirs[dest], job, RenameFlags::NOREPLACE) {
+        match self.move_new(&c.claim, job, &self.dirs[dest], job) {
             Ok(()) => {}
-            Err(Errno::NOENT) => return Ok(Finish::Fenced),
+            Err(Errno::NOENT | Errno::STALE) => return Ok(Finish::Fenced),
             Err(Errno::EXIST) => {
                 return Err(Error::Conflict(format!(
                     "{} already exists; never overwritten",
@@ -498,25 +528,29 @@ impl Queue {
             }
             Err(e) => return Err(Error::io("rename", self.path(dest, job), e.into())),
         }
-        match rustix::fs::renameat_with(
-            &c.claim,
-            result_name.as_str(),
-            &self.dirs[dest],
-            result_name.as_str(),
-            RenameFlags::NOREPLACE,
-        ) {
-            Ok(()) | Err(Errno::NOENT) => {} // NOENT: recovery reconciled it already.
+        match self.move_new(&c.claim, result_name.as_str(), &self.dirs[dest], result_name.as_str()) {
+            // Recovery fenced the claim since the commit and moves the result (or has).
+            Ok(()) | Err(Errno::NOENT | Errno::STALE) => {}
             Err(e) => return Err(Error::io("rename", self.path(dest, &result_name), e.into())),
         }
         self.sync_dir(dest)?;
-        self.fsync(&c.claim, &shown)?;
+        match self.fsync(&c.claim, &shown) {
+            // Fenced since the commit: recovery syncs the claim it moved, and releases it.
+            Err(Error::Io { source, .. }) if gone(&source) => return Ok(Finish::Committed),
+            r => r?,
+        }
         self.release(job, &c)?;
         Ok(Finish::Committed)
     }
 
     /// Removes the lease and the (now empty) claim directory of a committed job.
     fn release(&self, job: &str, c: &Claim) -> Result<()> {
-        let ino = rustix::fs::fstat(&c.claim).map_err(errno("stat", self.path(CLAIMED, job)))?.st_ino;
+        let ino = match rustix::fs::fstat(&c.claim) {
+            Ok(st) => st.st_ino,
+            // Fenced meanwhile: recovery releases what is left.
+            Err(Errno::NOENT | Errno::STALE) => return Ok(()),
+            Err(e) => return Err(Error::io("stat", self.path(CLAIMED, job), e.into())),
+        };
         if self.read_lease(job)?.is_some_and(|l| l.claim == ino && l.worker == c.worker) {
             let ldir = open_dir_at(&self.dirs[LEASE], job, &self.path(LEASE, job))?;
             let _ = rustix::fs::unlinkat(&ldir, "worker", AtFlags::empty());
@@ -633,13 +667,7 @@ impl Queue {
     /// worker finished and released it since the listing: nothing to recover).
     fn fence(&self, job: &str) -> Result<Option<String>> {
         let fenced = format!(".fenced.{job}.{}", now_ms());
-        match rustix::fs::renameat_with(
-            &self.dirs[CLAIMED],
-            job,
-            &self.dirs[CLAIMED],
-            fenced.as_str(),
-            RenameFlags::NOREPLACE,
-        ) {
+        match self.move_new(&self.dirs[CLAIMED], job, &self.dirs[CLAIMED], fenced.as_str()) {
             Ok(()) => {}
             Err(Errno::NOENT) => return Ok(None),
             Err(e) => return Err(Error::io("fence", self.path(CLAIMED, job), e.into())),
@@ -699,13 +727,7 @@ impl Queue {
             match policy {
                 _ if terminal || pending => {}
                 Policy::Requeue => {
-                    match rustix::fs::renameat_with(
-                        &fd,
-                        job,
-                        &self.dirs[PENDING],
-                        job,
-                        RenameFlags::NOREPLACE,
-                    ) {
+                    match self.move_new(&fd, job, &self.dirs[PENDING], job) {
                         Ok(()) => r.requeued.push(job.to_owned()),
                         Err(Errno::NOENT) => {} // the stalled worker committed first
                         Err(e) => return Err(Error::io("requeue", self.path(PENDING, job), e.into())),
@@ -717,17 +739,10 @@ impl Queue {
                     let note = br#"{"status":"error","error":"recovered after its lease expired"}"#;
                     let _ = rustix::fs::unlinkat(&fd, result.as_str(), AtFlags::empty());
                     self.write_new(&fd, &result, note, &fpath.join(&result))?;
-                    match rustix::fs::renameat_with(&fd, job, &self.dirs[FAILED], job, RenameFlags::NOREPLACE)
-                    {
+                    match self.move_new(&fd, job, &self.dirs[FAILED], job) {
                         Ok(()) => {
-                            rustix::fs::renameat_with(
-                                &fd,
-                                result.as_str(),
-                                &self.dirs[FAILED],
-                                result.as_str(),
-                                RenameFlags::NOREPLACE,
-                            )
-                            .map_err(errno("rename", self.path(FAILED, &result)))?;
+                            self.move_new(&fd, result.as_str(), &self.dirs[FAILED], result.as_str())
+                                .map_err(errno("rename", self.path(FAILED, &result)))?;
                             r.failed.push(job.to_owned());
                         }
                         Err(Errno::NOENT) => {}
@@ -773,13 +788,7 @@ impl Queue {
     /// beside its request in `dest`, never replacing one already there.
     fn result_beside(&self, claim: &OwnedFd, job: &str, dest: usize, r: &mut Recovered) -> Result<Beside> {
         let result = format!("{job}.result");
-        match rustix::fs::renameat_with(
-            claim,
-            result.as_str(),
-            &self.dirs[dest],
-            result.as_str(),
-            RenameFlags::NOREPLACE,
-        ) {
+        match self.move_new(claim, result.as_str(), &self.dirs[dest], result.as_str()) {
             Ok(()) => {
                 self.sync_dir(dest)?;
                 self.fsync(claim, &self.path(CLAIMED, job))?;
@@ -821,6 +830,12 @@ enum Beside {
     Absent,
     /// A result is beside the request already: the claim's is left for inspection.
     Two,
+}
+
+/// The claim directory is gone from under its worker: removed (`ENOENT`), or moved away on a
+/// filesystem that reaches a directory by its path (`ESTALE`).
+fn gone(e: &std::io::Error) -> bool {
+    matches!(Errno::from_io_error(e), Some(Errno::NOENT | Errno::STALE))
 }
 
 fn e_path(dir: &Path, n: &str) -> PathBuf {
@@ -989,6 +1004,29 @@ mod tests {
         for d in ["lease", "claimed", "pending"] {
             assert_eq!(fs::read_dir(root.join(d)).unwrap().count(), 0, "{d} empty");
         }
+    }
+
+    /// Where the filesystem refuses `RENAME_NOREPLACE` (GlusterFS), every step still never
+    /// replaces: publish by link, moves by a checked rename.
+    #[test]
+    fn without_noreplace_nothing_is_replaced() {
+        let (_d, q) = q(Duration::ZERO);
+        q.plain.store(true, Ordering::Relaxed);
+        q.publish("j.req.json", b"{}").unwrap();
+        assert!(matches!(q.publish("j.req.json", b"{}"), Err(Error::Conflict(_))));
+        let root = q.root().to_path_buf();
+        assert_eq!(fs::read_dir(root.join("inbox")).unwrap().count(), 0, "the temp name is gone");
+        let stalled = q.claim("w1", false).unwrap().unwrap();
+        assert_eq!(q.recover(Policy::Requeue).unwrap().requeued, ["j.req.json"]);
+        let fresh = q.claim("w2", false).unwrap().unwrap();
+        assert_eq!(q.finish(stalled, b"{\"stale\":1}", false).unwrap(), Finish::Fenced);
+        assert_eq!(q.finish(fresh, b"{\"fresh\":1}", false).unwrap(), Finish::Committed);
+        assert_eq!(fs::read(root.join("done/j.req.json.result")).unwrap(), b"{\"fresh\":1}");
+        // A move to a name that is taken fails, as with NOREPLACE.
+        fs::write(root.join("pending/x"), b"x").unwrap();
+        let (p, d) = (&q.dirs[PENDING], &q.dirs[DONE]);
+        assert_eq!(q.move_new(p, "x", d, "j.req.json"), Err(Errno::EXIST));
+        assert_eq!(fs::read(root.join("done/j.req.json")).unwrap(), b"{}");
     }
 
     /// Seen through `/ctx` with a short lease: a worker released its claim between recovery's

@@ -155,6 +155,27 @@ impl Gluster {
     }
 }
 
+/// A bind of a client mount at `shared/<space>` of a daemon's storage, as a host
+/// attaches a distributed space (docs/deployment.md); unmounted on drop.
+#[derive(Debug)]
+pub struct Bind(PathBuf);
+
+impl Bind {
+    /// Binds `from` at `at` (made when missing).
+    pub fn new(from: &Path, at: PathBuf) -> Bind {
+        fs::create_dir_all(&at).expect("bind point");
+        let o = Command::new("mount").arg("--bind").arg(from).arg(&at).output().expect("mount");
+        assert!(o.status.success(), "mount --bind: {}", crate::shown(&o));
+        Bind(at)
+    }
+}
+
+impl Drop for Bind {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
 impl Drop for Gluster {
     fn drop(&mut self) {
         for m in &self.mounts {

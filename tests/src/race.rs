@@ -95,7 +95,8 @@ pub fn find_worker(name: &str) -> Option<i32> {
 /// Races `workers` (spawned by `spawn(slot, generation)`) over the queue `q` holding JOBS jobs,
 /// killing and stalling them; then checks the outcome.
 ///
-/// `chaos(round)` runs once a round, for kills beyond the workers' (a daemon, a brick).
+/// `chaos(round)` runs once a round, for kills beyond the workers' (a daemon, a brick). A race
+/// that has not finished within `limit` is stuck: it fails with what it left where.
 pub fn race(
     q: &Queue,
     qdir: &Path,
@@ -103,6 +104,7 @@ pub fn race(
     mut spawn: impl FnMut(usize, usize) -> Worker,
     n: usize,
     mut chaos: impl FnMut(usize),
+    limit: Duration,
 ) {
     let mut rng = StdRng::seed_from_u64(2026);
     let mut generation = 0;
@@ -122,10 +124,12 @@ pub fn race(
         if done >= JOBS && kills >= 200 && stalls >= 50 {
             break;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(900),
-            "stuck: {done} done, {kills} kills, {stalls} stalls"
-        );
+        if start.elapsed() > limit {
+            panic!(
+                "stuck: {done} done, {kills} kills, {stalls} stalls\n{}\nworkers said:\n{errors}",
+                stuck(qdir)
+            );
+        }
         let i = rng.random_range(0..workers.len());
         if stalls < 50 && rng.random_bool(0.2) {
             workers[i].signal(Signal::STOP);
@@ -178,6 +182,49 @@ pub fn race(
     let left: Vec<_> = fs::read_dir(qdir.join("claimed")).unwrap().flatten().map(|e| e.file_name()).collect();
     assert!(left.is_empty(), "claimed/ not empty: {left:?}");
     eprintln!("{JOBS} jobs, {n} workers, {kills} kill -9, {stalls} stalls, {:?}", start.elapsed());
+}
+
+/// What a stuck race left: every job not both in `done/` with its result, where its entries
+/// are, and what is in `claimed/` and `lease/`.
+fn stuck(qdir: &Path) -> String {
+    let names = |d: &str| -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(qdir.join(d))
+            .map(|r| r.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    let done = names("done");
+    let pending = names("pending");
+    // Every entry of the queue below its state directories, for finding a job's files.
+    let mut all = Vec::new();
+    for d in ringfs::queue::DIRS {
+        for n in names(d) {
+            all.push(format!("{d}/{n}"));
+            for m in names(&format!("{d}/{n}")) {
+                all.push(format!("{d}/{n}/{m}"));
+            }
+        }
+    }
+    let mut out = String::new();
+    for i in 0..JOBS {
+        let job = format!("job-{i:05}.req.json");
+        let (req, res) = (done.contains(&job), done.contains(&format!("{job}.result")));
+        if !(req && res || pending.contains(&job)) {
+            let at: Vec<&String> = all.iter().filter(|p| p.contains(&job)).collect();
+            out.push_str(&format!("{job}: request in done/ {req}, result in done/ {res}; entries: {at:?}\n"));
+        }
+    }
+    for d in ["inbox", "pending", "claimed", "lease", "failed"] {
+        let n = names(d);
+        out.push_str(&format!("{d}/ ({}): {:?}\n", n.len(), &n[..n.len().min(20)]));
+        if d == "claimed" || d == "lease" {
+            for c in n.iter().take(20) {
+                out.push_str(&format!("  {d}/{c}: {:?}\n", names(&format!("{d}/{c}"))));
+            }
+        }
+    }
+    out
 }
 
 /// Publishes [`JOBS`] jobs.

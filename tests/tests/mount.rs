@@ -700,3 +700,54 @@ fn ctx_path_names_places_and_ctx_status_reads_the_daemon() {
     let out = ctx(&["status", "--ctx", s.dir.path().to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(69), "{}", tests::shown(&out));
 }
+
+/// Seen as a lost result in the queue race through `/ctx`: a worker in an agent view held its
+/// claim directory open while recovery, on another connection, renamed that directory away and
+/// another worker made a new one under the old name. The server reached the worker's directory
+/// by its old path, so the worker's writes and renames landed in its successor's directory.
+/// A directory moved behind a connection's back is stale there (`ESTALE`), never its successor.
+#[test]
+fn a_directory_moved_behind_the_mount_is_stale_not_its_successor() {
+    use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
+    use rustix::io::Errno;
+    let s = Served::start();
+    let (dir, backing) = (s.p("home/0/q/claim"), s.storage.join("home/0/q/claim"));
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(dir.join("job"), b"job").unwrap();
+    let held = rustix::fs::open(&dir, OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).unwrap();
+    // Another connection (here: storage directly) fences the directory and a successor takes its
+    // name.
+    fs::rename(&backing, s.storage.join("home/0/q/fenced")).unwrap();
+    fs::create_dir(&backing).unwrap();
+    fs::write(backing.join("job"), b"successor's").unwrap();
+    fs::write(backing.join("theirs"), b"successor's").unwrap();
+
+    let stale = |r: rustix::io::Result<()>, what: &str| assert_eq!(r, Err(Errno::STALE), "{what}");
+    let create = rustix::fs::openat(
+        &held,
+        "result",
+        OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY,
+        Mode::from_raw_mode(0o644),
+    );
+    stale(create.map(drop), "create");
+    stale(rustix::fs::mkdirat(&held, "sub", Mode::from_raw_mode(0o755)), "mkdir");
+    stale(rustix::fs::symlinkat("x", &held, "link"), "symlink");
+    let home = rustix::fs::open(s.p("home/0/q"), OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).unwrap();
+    stale(rustix::fs::renameat_with(&held, "job", &home, "done", RenameFlags::NOREPLACE), "rename out");
+    stale(rustix::fs::renameat_with(&home, "fenced", &held, "in", RenameFlags::NOREPLACE), "rename in");
+    stale(rustix::fs::unlinkat(&held, "theirs", AtFlags::empty()), "unlink");
+    let look = rustix::fs::openat(&held, "theirs", OFlags::RDONLY, Mode::empty());
+    stale(look.map(drop), "lookup");
+    // The successor is untouched, and through paths the mount sees it as it is.
+    let mut names: Vec<String> =
+        fs::read_dir(&backing).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["job", "theirs"]);
+    assert_eq!(fs::read(backing.join("job")).unwrap(), b"successor's");
+    assert_eq!(
+        fs::read(dir.join("theirs")).unwrap(),
+        b"successor's",
+        "a new path walk finds the new directory"
+    );
+    assert_eq!(fs::read(s.p("home/0/q/fenced/job")).unwrap(), b"job");
+}

@@ -24,7 +24,7 @@ fn workers_killed_and_stalled_lose_nothing_and_commit_once() {
     let qdir = d.path().join("queue");
     let q = Queue::open(&qdir, lease).unwrap();
     publish_all(&q);
-    race(&q, &qdir, lease, |i, _| host_worker(&qdir, format!("w{i}")), 4, |_| {});
+    race(&q, &qdir, lease, |i, _| host_worker(&qdir, format!("w{i}")), 4, |_| {}, Duration::from_secs(600));
 }
 
 /// The same race through `/ctx`: the queue in a shared space of a real mount, two workers on the
@@ -97,7 +97,7 @@ fn through_ctx_workers_in_sandboxes_and_on_the_host_lose_nothing_and_commit_once
             .unwrap();
         Worker { started, name, sandboxed: true, log: Some(log) }
     };
-    race(&q, &qdir, lease, spawn, 4, |_| {});
+    race(&q, &qdir, lease, spawn, 4, |_| {}, Duration::from_secs(600));
     // The sandboxed workers did their share, as themselves.
     let by: Vec<u32> = fs::read_dir(s.storage.join("shared/race/queue/done"))
         .unwrap()

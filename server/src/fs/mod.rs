@@ -728,9 +728,20 @@ impl CtxFs {
             Err(_) if !write => (self.storage.open_rel(&rel, OFlags::RDONLY, 0)?, Access::Read),
             Err(e) => return Err(e),
         };
+        self.is_known(ino, &rustix::fs::fstat(&fd).map_err(ioerr)?)?;
         let f = Arc::new(File::from(fd));
         lock(&self.inodes).keep_fd(ino, &f, access, false);
         Ok(f)
+    }
+
+    /// `ESTALE` unless `st` is the backing file the kernel knows as `ino`: a path reaches a
+    /// file only while nothing has put another in its place behind this connection's back.
+    fn is_known(&self, ino: u64, st: &rustix::fs::Stat) -> io::Result<()> {
+        let known = lock(&self.inodes).nodes.get(&ino).and_then(|n| n.key);
+        if known.is_some_and(|k| k != (st.st_dev, st.st_ino)) {
+            return Err(err(libc::ESTALE));
+        }
+        Ok(())
     }
 
     /// The backing file's `lstat` for data inode `ino` reached by `rel`: from its kept file
@@ -742,6 +753,7 @@ impl CtxFs {
         }
         let fd = self.storage.open_rel(rel, OFlags::PATH, 0)?;
         let st = rustix::fs::fstat(&fd).map_err(ioerr)?;
+        self.is_known(ino, &st)?;
         lock(&self.inodes).keep_fd(ino, &Arc::new(File::from(fd)), Access::Path, false);
         Ok(st)
     }
@@ -901,14 +913,21 @@ impl CtxFs {
         }
     }
 
-    fn lookup_backed(&self, rel: PathBuf) -> io::Result<Entry> {
+    /// The entry of `rel`; `from`, the inode of its directory when the kernel asked by it.
+    fn lookup_backed(&self, rel: PathBuf, from: Option<u64>) -> io::Result<Entry> {
         let (parent, name) = crate::storage::split(&rel).ok_or_else(|| err(libc::ENOENT))?;
         if !self.visible(parent, name.as_os_str().as_bytes()) {
             return Err(err(libc::ENOENT));
         }
         // Stat before remembering, so a missing file leaves no inode behind.
         classify(&rel).ok_or_else(|| err(libc::ENOENT))?;
-        let st = self.storage.stat(&rel)?;
+        let st = match from {
+            Some(dir) => {
+                let (dir, leaf) = self.dir_of(dir, &rel)?;
+                rustix::fs::statat(&dir, leaf, AtFlags::SYMLINK_NOFOLLOW).map_err(ioerr)?
+            }
+            None => self.storage.stat(&rel)?,
+        };
         let (mut attr, area) = self.shown_attr(&rel, &st, 0)?;
         // Hard links share the inode of their file, once its known path is checked to still name
         // it (a backing inode number is reused after a change behind the server's back).
@@ -1037,7 +1056,13 @@ impl CtxFs {
             Area::Data => {
                 let keep = OFlags::from_bits_retain(flags)
                     & (OFlags::ACCMODE | OFlags::TRUNC | OFlags::APPEND | OFlags::SYNC | OFlags::DSYNC);
-                let fd = self.storage.open_rel(rel, keep, 0)?;
+                // Truncated only once it is known to be the file the kernel means.
+                let later = keep.contains(OFlags::TRUNC) && keep & OFlags::ACCMODE != OFlags::RDONLY;
+                let fd = self.storage.open_rel(rel, if later { keep - OFlags::TRUNC } else { keep }, 0)?;
+                self.is_known(ino, &rustix::fs::fstat(&fd).map_err(ioerr)?)?;
+                if later {
+                    rustix::fs::ftruncate(&fd, 0).map_err(ioerr)?;
+                }
                 let opts = self.file_options(ino, &fd, write)?;
                 Ok((Handle::File(File::from(fd)), opts))
             }
@@ -1055,6 +1080,19 @@ impl CtxFs {
 
     /// The storage path of a new entry `name` in directory `parent`, with the area it would
     /// have. Creating is refused at the root (EROFS) and among objects (EPERM).
+    /// The directory that holds `rel`, a name in the directory of inode `parent`, opened for
+    /// `*at` calls, and the name. The directory is the one the kernel knows as `parent`, or
+    /// `ESTALE`: a path reaches a directory only as long as nothing moved it behind this
+    /// connection's back (another connection, another host, storage directly), and the
+    /// directory that took its name is another one, never to be changed in its place.
+    fn dir_of<'a>(&self, parent: u64, rel: &'a Path) -> io::Result<(OwnedFd, &'a Path)> {
+        let (dir, leaf) = self.storage.parent_of(rel)?;
+        if lock(&self.inodes).nodes.get(&parent).is_some_and(|n| n.key.is_some()) {
+            self.is_known(parent, &rustix::fs::fstat(&dir).map_err(ioerr)?)?;
+        }
+        Ok((dir, leaf))
+    }
+
     fn new_child(&self, parent: u64, name: &CStr) -> io::Result<(PathBuf, Area)> {
         if parent == ROOT || parent == BIN {
             return Err(err(libc::EROFS));
@@ -1087,7 +1125,7 @@ impl CtxFs {
             Some(_) => return Err(err(libc::EPERM)),
             None => return Err(err(libc::ENOENT)),
         }
-        let (dir, leaf) = self.storage.parent_of(&rel)?;
+        let (dir, leaf) = self.dir_of(parent, &rel)?;
         if flags.is_empty() {
             self.keep_reachable(&rel);
         }

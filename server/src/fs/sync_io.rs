@@ -58,7 +58,7 @@ impl FileSystem for CtxFs {
             STATUS => Err(err(libc::ENOTDIR)),
             _ => {
                 let rel = self.rel(parent)?.join(component(name)?);
-                self.lookup_backed(rel)
+                self.lookup_backed(rel, Some(parent))
             }
         }
     }
@@ -200,10 +200,10 @@ impl FileSystem for CtxFs {
         if area != Area::Data {
             return Err(err(libc::EPERM));
         }
-        let (dir, leaf) = self.storage.parent_of(&rel)?;
+        let (dir, leaf) = self.dir_of(parent, &rel)?;
         rustix::fs::symlinkat(linkname, &dir, leaf).map_err(ioerr)?;
         give_to_caller(ctx, &dir, leaf, None, None)?;
-        self.lookup_backed(rel)
+        self.lookup_backed(rel, None)
     }
 
     fn mknod(
@@ -220,12 +220,12 @@ impl FileSystem for CtxFs {
         if area != Area::Data {
             return Err(err(libc::EPERM));
         }
-        let (dir, leaf) = self.storage.parent_of(&rel)?;
+        let (dir, leaf) = self.dir_of(parent, &rel)?;
         let kind = rustix::fs::FileType::from_raw_mode(mode);
         let mode = mode & !umask & 0o7777;
         rustix::fs::mknodat(&dir, leaf, kind, Mode::from_raw_mode(mode), u64::from(rdev)).map_err(ioerr)?;
         give_to_caller(ctx, &dir, leaf, None, Some(mode))?;
-        self.lookup_backed(rel)
+        self.lookup_backed(rel, None)
     }
 
     fn mkdir(&self, ctx: &Context, parent: u64, name: &CStr, mode: u32, umask: u32) -> io::Result<Entry> {
@@ -234,11 +234,11 @@ impl FileSystem for CtxFs {
         if area != Area::Data {
             return Err(err(libc::EPERM));
         }
-        let (dir, leaf) = self.storage.parent_of(&rel)?;
+        let (dir, leaf) = self.dir_of(parent, &rel)?;
         let mode = mode & !umask & 0o7777;
         rustix::fs::mkdirat(&dir, leaf, Mode::from_raw_mode(mode)).map_err(ioerr)?;
         give_to_caller(ctx, &dir, leaf, None, Some(mode))?;
-        self.lookup_backed(rel)
+        self.lookup_backed(rel, None)
     }
 
     fn unlink(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
@@ -272,8 +272,8 @@ impl FileSystem for CtxFs {
             (Some(_), Some(_)) | (Some(_), None) => return Err(err(libc::EPERM)),
             (None, _) => return Err(err(libc::ENOENT)),
         }
-        let (fdir, fleaf) = self.storage.parent_of(&from)?;
-        let (tdir, tleaf) = self.storage.parent_of(&to)?;
+        let (fdir, fleaf) = self.dir_of(olddir, &from)?;
+        let (tdir, tleaf) = self.dir_of(newdir, &to)?;
         let rflags = RenameFlags::from_bits(flags).ok_or_else(|| err(libc::EINVAL))?;
         if !rflags.contains(RenameFlags::EXCHANGE) {
             self.keep_reachable(&to);
@@ -299,9 +299,11 @@ impl FileSystem for CtxFs {
             return Err(err(libc::EPERM));
         }
         let (fdir, fleaf) = self.storage.parent_of(&from)?;
-        let (tdir, tleaf) = self.storage.parent_of(&to)?;
+        // The file the kernel knows as `ino`, not another that took its name.
+        self.is_known(ino, &rustix::fs::statat(&fdir, fleaf, AtFlags::SYMLINK_NOFOLLOW).map_err(ioerr)?)?;
+        let (tdir, tleaf) = self.dir_of(newparent, &to)?;
         rustix::fs::linkat(&fdir, fleaf, &tdir, tleaf, AtFlags::empty()).map_err(ioerr)?;
-        self.lookup_backed(to)
+        self.lookup_backed(to, None)
     }
 
     fn open(
@@ -343,7 +345,7 @@ impl FileSystem for CtxFs {
     ) -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)> {
         self.stats.count("create");
         let (rel, area) = self.new_child(parent, name)?;
-        let (dir, leaf) = self.storage.parent_of(&rel)?;
+        let (dir, leaf) = self.dir_of(parent, &rel)?;
         let (h, opts) = match area {
             Area::Data => {
                 let keep = OFlags::from_bits_retain(args.flags)
@@ -428,7 +430,7 @@ impl FileSystem for CtxFs {
             }
             _ => return Err(err(libc::EPERM)),
         };
-        let entry = self.lookup_backed(rel)?;
+        let entry = self.lookup_backed(rel, None)?;
         if self.zero_open {
             // Requests on this file come without a handle (see `data`).
             return Ok((entry, None, opts, None));
@@ -864,6 +866,7 @@ impl FileSystem for CtxFs {
             return Ok(());
         }
         let fd = self.storage.dir(&self.rel(ino)?)?;
+        self.is_known(ino, &rustix::fs::fstat(&fd).map_err(ioerr)?)?;
         rustix::fs::fsync(&fd).map_err(ioerr)
     }
 }
