@@ -27,6 +27,10 @@
 //!   file; a locked lease is never recovered, expired or not.
 //! - Every rename and removal is followed by an fsync of each affected directory.
 //!
+//! "Without replacing" is `RENAME_NOREPLACE`; where the filesystem refuses it (GlusterFS),
+//! publish and requeue link and unlink, and the other moves rename after checking that the
+//! destination is free (`Queue::move_new`). No step is decided by a lookup.
+//!
 //! Execution is at least once; commit is exactly once.
 
 use std::fs::{self, File};
@@ -146,6 +150,8 @@ pub struct Recovered {
     pub live: Vec<String>,
     /// Conflicts that need a person (never overwritten).
     pub conflicts: Vec<String>,
+    /// Fenced claims kept for the next recovery, with the reason.
+    pub deferred: Vec<String>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -184,6 +190,7 @@ impl Queue {
             syncs: AtomicU64::new(0),
             plain: AtomicBool::new(false),
         };
+        q.probe();
         if made {
             q.fsync(&rfd, &q.root)?;
         }
@@ -198,6 +205,39 @@ impl Queue {
             q.fsync(&pfd, &parent)?;
         }
         Ok(q)
+    }
+
+    /// Learns whether this filesystem has `RENAME_NOREPLACE`, with a file of its own in
+    /// `inbox/`, so that every decision is made the right way from the first. A caller that may
+    /// not write there learns it at its first move.
+    fn probe(&self) {
+        let name = format!(".probe.{}.{}", std::process::id(), now_ms());
+        let made = rustix::fs::openat(
+            &self.dirs[INBOX],
+            name.as_str(),
+            OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        );
+        if made.is_err() {
+            return;
+        }
+        let moved = format!("{name}.moved");
+        let gone = match rustix::fs::renameat_with(
+            &self.dirs[INBOX],
+            name.as_str(),
+            &self.dirs[INBOX],
+            moved.as_str(),
+            RenameFlags::NOREPLACE,
+        ) {
+            Ok(()) => moved,
+            Err(e) => {
+                if e == Errno::INVAL {
+                    self.plain.store(true, Ordering::Relaxed);
+                }
+                name
+            }
+        };
+        let _ = rustix::fs::unlinkat(&self.dirs[INBOX], gone.as_str(), AtFlags::empty());
     }
 
     /// The queue's root.
@@ -268,8 +308,24 @@ impl Queue {
         rustix::fs::unlinkat(&self.dirs[INBOX], tmp, AtFlags::empty())
     }
 
+    /// Moves the request `job` out of the fenced claim `fd` back to `pending/`; EEXIST when
+    /// `pending/` holds it already (a copy a crash left). Without `RENAME_NOREPLACE`, by a hard
+    /// link (EEXIST decided by the filesystem, not by a client's cached lookup) and the claim's
+    /// name's removal: the fenced claim is recovery's alone, so only a recovery that dies between
+    /// the two leaves both names, and the next one finds the job pending and drops the copy.
+    fn requeue(&self, fd: &OwnedFd, job: &str) -> rustix::io::Result<()> {
+        if !self.without_noreplace() {
+            match rustix::fs::renameat_with(fd, job, &self.dirs[PENDING], job, RenameFlags::NOREPLACE) {
+                Err(Errno::INVAL) => self.plain.store(true, Ordering::Relaxed),
+                r => return r,
+            }
+        }
+        rustix::fs::linkat(fd, job, &self.dirs[PENDING], job, AtFlags::empty())?;
+        rustix::fs::unlinkat(fd, job, AtFlags::empty())
+    }
+
     /// Whether this filesystem refused `RENAME_NOREPLACE`, so that moves check and rename
-    /// ([`Queue::move_new`]); known after the first move.
+    /// (`Queue::move_new`); known from the probe at open, or after the first move.
     pub fn without_noreplace(&self) -> bool {
         self.plain.load(Ordering::Relaxed)
     }
@@ -634,6 +690,20 @@ impl Queue {
             let Some(fenced) = self.fence(&n)? else { continue };
             self.settle_fenced(&fenced, &n, policy, &mut r)?;
         }
+        // Probe files of processes killed while they probed.
+        let inbox = self.root.join(DIRS[INBOX]);
+        for e in fs::read_dir(&inbox).map_err(|e| Error::io("list", &inbox, e))?.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            let old = e
+                .metadata()
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| SystemTime::now().duration_since(t).ok())
+                .is_some_and(|a| a >= self.lease);
+            if n.starts_with(".probe.") && old {
+                let _ = rustix::fs::unlinkat(&self.dirs[INBOX], n.as_str(), AtFlags::empty());
+            }
+        }
         // Leases without a claim: the job committed or was recovered; drop them when unlocked.
         let lease_dir = self.root.join(DIRS[LEASE]);
         for e in fs::read_dir(&lease_dir).map_err(|e| Error::io("list", &lease_dir, e))?.flatten() {
@@ -717,18 +787,36 @@ impl Queue {
             let terminal = [DONE, FAILED]
                 .into_iter()
                 .any(|d| rustix::fs::statat(&self.dirs[d], job, AtFlags::SYMLINK_NOFOLLOW).is_ok());
-            let pending = rustix::fs::statat(&self.dirs[PENDING], job, AtFlags::SYMLINK_NOFOLLOW).is_ok();
-            if terminal || pending {
+            // Whether pending/ holds the job too is decided by the requeue itself (EEXIST), never
+            // by a lookup: a network filesystem's client may still show a request under the
+            // name it was just claimed from (GlusterFS does), and the claim's copy is the job.
+            let pending = policy == Policy::Fail
+                && !self.without_noreplace()
+                && rustix::fs::statat(&self.dirs[PENDING], job, AtFlags::SYMLINK_NOFOLLOW).is_ok();
+            let stale = |r: &mut Recovered| -> Result<()> {
                 // A move across directories that a crash left half durable: the copy in
                 // pending/ or done/ (failed/) is the job; the claim's copy is stale.
                 rustix::fs::unlinkat(&fd, job, AtFlags::empty()).map_err(errno("remove", fpath.join(job)))?;
                 r.reconciled.push(format!("{job}: dropped a stale copy left in its claim"));
+                Ok(())
+            };
+            if terminal || pending {
+                stale(r)?;
             }
             match policy {
                 _ if terminal || pending => {}
                 Policy::Requeue => {
-                    match self.move_new(&fd, job, &self.dirs[PENDING], job) {
+                    match self.requeue(&fd, job) {
                         Ok(()) => r.requeued.push(job.to_owned()),
+                        // pending/ shows the job too. A crash between a requeue's link and
+                        // unlink leaves that, but so does a lookup a client answered from its
+                        // cache (a create is refused on a name the kernel's lookup finds): the
+                        // claim's copy may be the only one, so it is kept, and the next
+                        // recovery tries again.
+                        Err(Errno::EXIST) => {
+                            r.deferred.push(format!("{job}: pending/ shows it too; claimed/{fenced} kept"));
+                            return Ok(());
+                        }
                         Err(Errno::NOENT) => {} // the stalled worker committed first
                         Err(e) => return Err(Error::io("requeue", self.path(PENDING, job), e.into())),
                     }

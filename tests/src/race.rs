@@ -70,7 +70,10 @@ impl Worker {
         }
         let _ = self.started.wait();
         if let Some(l) = &self.log {
-            s.push_str(&fs::read_to_string(l).unwrap_or_default());
+            for line in fs::read_to_string(l).unwrap_or_default().lines() {
+                s.push_str(&format!("{}: {line}\n", self.name));
+            }
+            let _ = fs::remove_file(l);
         }
         s
     }
@@ -115,26 +118,36 @@ pub fn race(
     let mut workers: Vec<Worker> = (0..n).map(&mut next).collect();
     let (mut kills, mut stalls) = (0, 0);
     let mut errors = String::new();
+    // What each recovery did, to tell where a lost job went.
+    let mut seen: Vec<String> = Vec::new();
     let start = Instant::now();
     let mut round = 0;
+    let mut idle_rounds = 0;
     loop {
         round += 1;
         chaos(round);
-        let done = fs::read_dir(qdir.join("done")).unwrap().count() / 2;
+        // Unreadable while chaos takes the filesystem away (a brick down: no quorum).
+        let done = fs::read_dir(qdir.join("done")).map_or(0, |d| d.count() / 2);
         if done >= JOBS && kills >= 200 && stalls >= 50 {
             break;
         }
-        if start.elapsed() > limit {
+        // Nothing left to work while jobs are missing: lost, no need to wait for the limit.
+        let empty = |d: &str| fs::read_dir(qdir.join(d)).is_ok_and(|mut r| r.next().is_none());
+        let idle = done > 0 && done < JOBS && empty("pending") && empty("claimed");
+        idle_rounds = if idle { idle_rounds + 1 } else { 0 };
+        if start.elapsed() > limit || idle_rounds > 20 {
+            let left = stuck(qdir);
             panic!(
-                "stuck: {done} done, {kills} kills, {stalls} stalls\n{}\nworkers said:\n{errors}",
-                stuck(qdir)
+                "stuck: {done} done, {kills} kills, {stalls} stalls\n{left}\nrecoveries:\n{}\nworkers said:\n{errors}",
+                about(&left, &seen, &errors),
+                errors = errors.lines().filter(|l| !l.contains(": done job-")).collect::<Vec<_>>().join("\n")
             );
         }
         let i = rng.random_range(0..workers.len());
         if stalls < 50 && rng.random_bool(0.2) {
             workers[i].signal(Signal::STOP);
             std::thread::sleep(lease + Duration::from_millis(rng.random_range(20..80)));
-            q.recover(Policy::Requeue).unwrap();
+            recover(q, round, &mut seen, &mut errors);
             workers[i].signal(Signal::CONT);
             stalls += 1;
         } else if kills < 200 {
@@ -154,7 +167,7 @@ pub fn race(
             }
         }
         if rng.random_bool(0.3) {
-            q.recover(Policy::Requeue).unwrap();
+            recover(q, round, &mut seen, &mut errors);
         }
     }
     for mut w in workers {
@@ -172,7 +185,10 @@ pub fn race(
         l.pending.is_empty() && l.claimed.is_empty() && l.failed.is_empty() && l.problems.is_empty(),
         "{l:?}"
     );
-    assert_eq!(l.done.len(), JOBS, "no job lost");
+    if l.done.len() != JOBS {
+        let left = stuck(qdir);
+        panic!("jobs lost: {} done\n{left}\nrecoveries:\n{}", l.done.len(), about(&left, &seen, &errors));
+    }
     for i in 0..JOBS {
         let job = format!("job-{i:05}.req.json");
         let req = fs::read(qdir.join("done").join(&job)).unwrap();
@@ -227,6 +243,41 @@ fn stuck(qdir: &Path) -> String {
     out
 }
 
+/// A recovery during the race: what it did, or (while chaos takes the filesystem's quorum
+/// away, say) why it could not; the last recovery, after the race, must succeed.
+fn recover(q: &Queue, round: usize, seen: &mut Vec<String>, errors: &mut String) {
+    match q.recover(Policy::Requeue) {
+        Ok(r) => seen.push(format!("round {round}: {r:?}")),
+        Err(e) => errors.push_str(&format!("recovery in round {round}: {e}\n")),
+    }
+}
+
+/// The recoveries and workers' lines that name a job `left` lists as missing.
+fn about(left: &str, seen: &[String], errors: &str) -> String {
+    let jobs: Vec<&str> = left
+        .lines()
+        .filter(|l| l.contains(": request in done/"))
+        .filter_map(|l| l.split(':').next())
+        .collect();
+    let mut out = String::new();
+    for j in jobs.iter().take(10) {
+        for l in seen.iter().map(String::as_str).chain(errors.lines()) {
+            if l.contains(j) {
+                out.push_str(&format!("{j}: {}\n", pick(l, j)));
+            }
+        }
+    }
+    out
+}
+
+/// The part of a long `Recovered` line around `job`.
+fn pick(line: &str, job: &str) -> String {
+    let at = line.find(job).unwrap_or(0);
+    let from = line[..at].rfind(['[', ',']).unwrap_or(0);
+    let round = line.split(':').next().unwrap_or("");
+    format!("{round}: ...{}", &line[from..(at + job.len() + 60).min(line.len())])
+}
+
 /// Publishes [`JOBS`] jobs.
 pub fn publish_all(q: &Queue) {
     for i in 0..JOBS {
@@ -236,13 +287,15 @@ pub fn publish_all(q: &Queue) {
 
 /// A worker on a host mount: `ctx queue work` on `q`.
 pub fn host_worker(q: &Path, name: String) -> Worker {
+    // What it did (`done J`, `fenced J`), to a file nobody has to drain while the race runs.
+    let log = std::env::temp_dir().join(format!("race-{}-{name}.log", std::process::id()));
     let started = Command::new(crate::bin("ctx"))
         .args(["queue", "work"])
         .arg(q)
         .args(["--worker", &name, "--no-lock", "--", "/bin/cat"])
-        .stdout(Stdio::null())
+        .stdout(Stdio::from(fs::File::create(&log).unwrap()))
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    Worker { started, name, sandboxed: false, log: None }
+    Worker { started, name, sandboxed: false, log: Some(log) }
 }

@@ -122,7 +122,7 @@ fn two_daemons_on_one_glusterfs_volume_lose_nothing_and_commit_once() {
         let host = i / 2;
         host_worker(&qdirs[host], format!("{}{i}g{generation}", ["a", "b"][host]))
     };
-    let brick = 2; // replica 2 keeps writing with brick 1 up (client quorum "auto")
+    let brick = 2; // the volume is read-only while it is down (quorum: both bricks)
     let chaos = |round: usize| match round {
         40 => {
             let pid = g.brick_pid(brick).expect("brick process");

@@ -167,6 +167,9 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             for j in &r.live {
                 out::line(format_args!("live {j}"))?;
             }
+            for j in &r.deferred {
+                out::line(format_args!("deferred {j}"))?;
+            }
             for j in &r.conflicts {
                 out::line(format_args!("conflict {j}"))?;
             }
