@@ -90,9 +90,9 @@ impl Gluster {
         let brick = |b: &str| format!("{ADDR}:{}", d.join(b).join("brick").display());
         let o = g.gluster(&["volume", "create", VOLUME, "replica", "2", &brick("b1"), &brick("b2"), "force"]);
         assert!(o.status.success(), "volume create: {}", crate::shown(&o));
-        // Writes need both bricks: a volume of two replicas that goes on writing to one lets the
-        // two diverge, and the heal that follows may delete entries the other brick still had
-        // (docs/deployment.md). With a brick down the volume is read-only until it is back.
+        // Writes need both bricks, as docs/deployment.md advises for a queue: two replicas that
+        // go on writing to one diverge and leave it to the heal. With a brick down the volume
+        // is read-only until it is back.
         for (k, v) in [("cluster.quorum-type", "fixed"), ("cluster.quorum-count", "2")] {
             let o = g.gluster(&["volume", "set", VOLUME, k, v]);
             assert!(o.status.success(), "volume set {k} {v}: {}", crate::shown(&o));
