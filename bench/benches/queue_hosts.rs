@@ -69,16 +69,7 @@ fn main() {
         return;
     }
     let g = Gluster::start();
-    let hosts: Vec<(Bind, Served)> = g
-        .mounts
-        .iter()
-        .map(|m| {
-            let mut s = Served::unstarted(&["--cache-timeout", "0"]);
-            let bind = Bind::new(m, s.storage.join("shared/gq"));
-            s.spawn();
-            (bind, s)
-        })
-        .collect();
+    let hosts: Vec<(Bind, Served)> = g.hosts("gq");
     println!("| where | hosts | workers | jobs | s | cycles/s | per host |");
     println!("|---|---:|---:|---:|---:|---:|---|");
     let mut n = 0;

@@ -156,6 +156,21 @@ impl Gluster {
         None
     }
 
+    /// Two "hosts": for each client mount, a `ctx mount` (`--cache-timeout 0`) on a storage of
+    /// its own that binds the mount as `shared/<space>` (docs/deployment.md). Drop them before
+    /// the volume.
+    pub fn hosts(&self, space: &str) -> Vec<(Bind, crate::served::Served)> {
+        self.mounts
+            .iter()
+            .map(|m| {
+                let mut s = crate::served::Served::unstarted(&["--cache-timeout", "0"]);
+                let bind = Bind::new(m, s.storage.join("shared").join(space));
+                s.spawn();
+                (bind, s)
+            })
+            .collect()
+    }
+
     /// The directory of the test's logs.
     pub fn logs(&self) -> PathBuf {
         self.dir.path().join("log")

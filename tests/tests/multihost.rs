@@ -102,16 +102,7 @@ fn the_queues_properties_on_glusterfs() {
 fn two_daemons_on_one_glusterfs_volume_lose_nothing_and_commit_once() {
     let lease = Duration::from_millis(1500);
     let g = Gluster::start();
-    let mut hosts: Vec<(Bind, Served)> = g
-        .mounts
-        .iter()
-        .map(|m| {
-            let mut s = Served::unstarted(&["--cache-timeout", "0"]);
-            let bind = Bind::new(m, s.storage.join("shared/gq"));
-            s.spawn();
-            (bind, s)
-        })
-        .collect();
+    let mut hosts: Vec<(Bind, Served)> = g.hosts("gq");
     let qdirs: Vec<PathBuf> = hosts.iter().map(|(_, s)| s.p("shared/gq/queue")).collect();
     // Published on host A's mount of the volume; recovered through host A's daemon.
     let published = Queue::open(g.mounts[0].join("queue"), lease).unwrap();
