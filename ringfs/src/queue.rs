@@ -324,6 +324,25 @@ impl Queue {
         rustix::fs::unlinkat(fd, job, AtFlags::empty())
     }
 
+    /// Whether `pending/job` opens and holds the same bytes as `job` in the claim directory
+    /// `fd` (each read up to 1 MiB, a bound no request reaches).
+    fn same_request(&self, fd: &OwnedFd, job: &str) -> bool {
+        const BOUND: u64 = 1 << 20;
+        let read = |dir: &OwnedFd| -> Option<Vec<u8>> {
+            let f = rustix::fs::openat(
+                dir,
+                job,
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .ok()?;
+            let mut v = Vec::new();
+            File::from(f).take(BOUND).read_to_end(&mut v).ok()?;
+            Some(v)
+        };
+        matches!((read(fd), read(&self.dirs[PENDING])), (Some(a), Some(b)) if a == b)
+    }
+
     /// Whether this filesystem refused `RENAME_NOREPLACE`, so that moves check and rename
     /// (`Queue::move_new`); known from the probe at open, or after the first move.
     pub fn without_noreplace(&self) -> bool {
@@ -813,6 +832,11 @@ impl Queue {
                         // cache (a create is refused on a name the kernel's lookup finds): the
                         // claim's copy may be the only one, so it is kept, and the next
                         // recovery tries again.
+                        // When pending/'s copy opens and holds the same request, it is the job
+                        // and the claim's copy is the stale one (a crash between a move's two
+                        // names, or a power cut that kept one directory's change and not the
+                        // other's).
+                        Err(Errno::EXIST) if self.same_request(&fd, job) => stale(r)?,
                         Err(Errno::EXIST) => {
                             r.deferred.push(format!("{job}: pending/ shows it too; claimed/{fenced} kept"));
                             return Ok(());
