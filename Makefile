@@ -33,6 +33,8 @@ test:
 	$(CARGO) check --manifest-path fuzz/Cargo.toml --quiet
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
+	# The mount and POSIX tests again over /dev/fuse (the run above serves them over io_uring).
+	CTX_TRANSPORT=dev $(CARGO) test -p tests --test main -- mount:: posix::
 
 # Runs every fuzz target for FUZZ_SECONDS each (nightly toolchain, cargo-fuzz).
 fuzz-smoke:

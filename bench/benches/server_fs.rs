@@ -10,10 +10,14 @@
 //! - cached open + read 4 KiB + close of one file.
 //! - readdir: open, list all 1,000 entries, close.
 //! - 1 MiB sequential read: open the 256 MiB file, read it in 1 MiB `read`s, close.
-//! - uncached requests/s, 2 threads: each thread `statx`es its own 500 files with
+//! - uncached requests/s with 2, 8 and 32 client threads: each thread `statx`es its own share of
+//!   the 1,000 files with
 //!   `AT_STATX_FORCE_SYNC`, which makes the kernel send a GETATTR whatever its caches hold. The
 //!   rate is the number of requests the server counted in its `status` file (`requests`) during
 //!   the run, divided by the time; it is shown next to the number of client calls.
+//!
+//! All of it runs twice, once for each transport (`/dev/fuse` pool, then FUSE over io_uring when
+//! the kernel offers it), and a last table sets their uncached rates side by side.
 //!
 //! Needs root and /dev/fuse; prints "not run" otherwise.
 
@@ -24,6 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rustix::fs::{AtFlags, Mode, OFlags, StatxFlags};
+use server::transport::Transport;
 use server::transport::pool::Pool;
 use server::{Config, CtxFs};
 
@@ -32,6 +37,8 @@ const SMALL: usize = 4096;
 const BIG: usize = 256 << 20;
 const CHUNK: usize = 1 << 20;
 const ROUNDS: usize = 7;
+/// Client threads of the uncached rows.
+const UNCACHED_THREADS: [usize; 3] = [2, 8, 32];
 
 /// Iterations run by `per_op` so far (warm-up included), to give requests per iteration.
 static ITERATIONS: AtomicU64 = AtomicU64::new(0);
@@ -114,16 +121,17 @@ fn seq_read(dir: &Path) -> Duration {
     })
 }
 
-/// Forced (uncached) `statx` calls by 2 threads for `secs`: (calls, elapsed).
-fn uncached(dir: &Path, secs: f64) -> (u64, Duration) {
+/// Forced (uncached) `statx` calls by `threads` threads, each on its own share of the files,
+/// for `secs`: (calls, elapsed).
+fn uncached(dir: &Path, secs: f64, threads: usize) -> (u64, Duration) {
     let t = Instant::now();
     let calls: u64 = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..2)
+        let workers: Vec<_> = (0..threads)
             .map(|w| {
                 s.spawn(move || {
                     let dirfd = rustix::fs::open(dir, OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
                         .expect("dir");
-                    let names: Vec<CString> = (w * FILES / 2..(w + 1) * FILES / 2)
+                    let names: Vec<CString> = (w * FILES / threads..(w + 1) * FILES / threads)
                         .map(|i| CString::new(format!("f{i:04}")).expect("name"))
                         .collect();
                     let mut n = 0u64;
@@ -186,57 +194,92 @@ fn main() {
     build(&storage.join("home/0/bench"));
 
     let config = Config::new(storage, Vec::new());
-    let pool = Pool::new(cores).expect("pool");
     let mnt = top.path().join("ctx");
     std::fs::create_dir(&mnt).expect("mnt");
-    let fs = CtxFs::new(config).expect("fs");
-    let data = fs.data().expect("data fs");
-    let host = pool.mount_host(Arc::new(fs), Arc::new(data), &mnt).expect("mount");
     let ctx: PathBuf = mnt.join("home/0/bench");
-
-    type Case = (&'static str, fn(&Path) -> Duration);
-    let cases: [Case; 4] = [
-        ("cached stat (same file)", stat_same),
-        ("cached open + read 4 KiB + close", open_read_close),
-        ("readdir of 1,000 entries", readdir),
-        ("256 MiB in 1 MiB reads (open, read all, close)", seq_read),
-    ];
-    println!("| benchmark | native tmpfs | cortexfs | native / cortexfs | FUSE requests per iteration |");
-    println!("|---|---:|---:|---:|---:|");
-    for (name, f) in cases {
-        let n = f(&native);
-        let (r0, i0) = (requests(&mnt), ITERATIONS.load(Ordering::Relaxed));
-        let c = f(&ctx);
-        // Less one request: the read of `status` itself.
-        let served = requests(&mnt) - r0 - 1;
-        let per_iter = served as f64 / (ITERATIONS.load(Ordering::Relaxed) - i0) as f64;
-        let extra = if name.starts_with("256") {
-            let gib = |d: Duration| BIG as f64 / d.as_secs_f64() / f64::from(1u32 << 30);
-            format!(" ({:.2} / {:.2} GiB/s)", gib(n), gib(c))
-        } else {
-            String::new()
-        };
-        println!(
-            "| {name}{extra} | {} | {} | {:.2}x | {per_iter:.3} |",
-            fmt(n),
-            fmt(c),
-            n.as_secs_f64() / c.as_secs_f64()
-        );
-    }
-    let (ncalls, nt) = uncached(&native, 2.0);
-    let before = requests(&mnt);
-    let (ccalls, ct) = uncached(&ctx, 2.0);
-    let served = requests(&mnt) - before;
     let rate = |n: u64, d: Duration| n as f64 / d.as_secs_f64();
-    println!(
-        "| uncached: forced `statx`, 2 threads | {:.0} calls/s | {:.0} requests/s ({:.0} calls/s) | {:.2}x (calls) | {:.2} |",
-        rate(ncalls, nt),
-        rate(served, ct),
-        rate(ccalls, ct),
-        rate(ccalls, ct) / rate(ncalls, nt),
-        served as f64 / ccalls as f64
-    );
-    pool.unmount_host(host).expect("unmount");
-    pool.shutdown();
+    let native_rates: Vec<f64> = UNCACHED_THREADS
+        .iter()
+        .map(|&t| {
+            let (n, d) = uncached(&native, 2.0, t);
+            rate(n, d)
+        })
+        .collect();
+    // (transport, [requests/s per thread count])
+    let mut uncached_rows = Vec::new();
+    for transport in [Transport::Dev, Transport::Uring] {
+        let pool = match Pool::with_transport(cores, transport) {
+            Ok(p) => p,
+            Err(e) => {
+                println!("\nserver_fs: transport {}: {e}; not run", transport.name());
+                continue;
+            }
+        };
+        let fs = CtxFs::new(config.clone()).expect("fs");
+        let data = fs.data().expect("data fs");
+        let host = pool.mount_host(Arc::new(fs), Arc::new(data), &mnt).expect("mount");
+        let served_by = std::fs::read_to_string(mnt.join("status")).expect("status");
+        assert!(
+            served_by.lines().any(|l| l == format!("transport {}", transport.name())),
+            "the mount is served by {}: {served_by}",
+            transport.name()
+        );
+
+        type Case = (&'static str, fn(&Path) -> Duration);
+        let cases: [Case; 4] = [
+            ("cached stat (same file)", stat_same),
+            ("cached open + read 4 KiB + close", open_read_close),
+            ("readdir of 1,000 entries", readdir),
+            ("256 MiB in 1 MiB reads (open, read all, close)", seq_read),
+        ];
+        println!("\ntransport {}:\n", transport.name());
+        println!("| benchmark | native tmpfs | cortexfs | native / cortexfs | FUSE requests per iteration |");
+        println!("|---|---:|---:|---:|---:|");
+        for (name, f) in cases {
+            let n = f(&native);
+            let (r0, i0) = (requests(&mnt), ITERATIONS.load(Ordering::Relaxed));
+            let c = f(&ctx);
+            // Less one request: the read of `status` itself.
+            let served = requests(&mnt) - r0 - 1;
+            let per_iter = served as f64 / (ITERATIONS.load(Ordering::Relaxed) - i0) as f64;
+            let extra = if name.starts_with("256") {
+                let gib = |d: Duration| BIG as f64 / d.as_secs_f64() / f64::from(1u32 << 30);
+                format!(" ({:.2} / {:.2} GiB/s)", gib(n), gib(c))
+            } else {
+                String::new()
+            };
+            println!(
+                "| {name}{extra} | {} | {} | {:.2}x | {per_iter:.3} |",
+                fmt(n),
+                fmt(c),
+                n.as_secs_f64() / c.as_secs_f64()
+            );
+        }
+        let mut rates = Vec::new();
+        for (&threads, native_rate) in UNCACHED_THREADS.iter().zip(&native_rates) {
+            let before = requests(&mnt);
+            let (ccalls, ct) = uncached(&ctx, 2.0, threads);
+            let served = requests(&mnt) - before;
+            println!(
+                "| uncached: forced `statx`, {threads} threads | {native_rate:.0} calls/s | {:.0} requests/s ({:.0} calls/s) | {:.2}x (calls) | {:.2} |",
+                rate(served, ct),
+                rate(ccalls, ct),
+                rate(ccalls, ct) / native_rate,
+                served as f64 / ccalls as f64
+            );
+            rates.push(rate(served, ct));
+        }
+        uncached_rows.push((transport, rates));
+        pool.unmount_host(host).expect("unmount");
+        pool.shutdown();
+    }
+    if let [(_, dev), (_, ring)] = uncached_rows.as_slice() {
+        println!("\nuncached requests/s by transport:\n");
+        println!("| client threads | /dev/fuse pool | io_uring | io_uring / pool |");
+        println!("|---:|---:|---:|---:|");
+        for ((t, d), r) in UNCACHED_THREADS.iter().zip(dev).zip(ring) {
+            println!("| {t} | {d:.0} | {r:.0} | {:.2}x |", r / d);
+        }
+    }
     let _ = rustix::mount::unmount(&tmpfs, rustix::mount::UnmountFlags::DETACH);
 }

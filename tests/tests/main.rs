@@ -21,6 +21,7 @@ mod package;
 mod policy_cli;
 mod posix;
 mod queue_race;
+mod transport;
 mod tsh;
 mod uring_probe;
 mod virtiofs;

@@ -28,6 +28,12 @@ pub struct Args {
     /// queues a VM may use, one thread each.
     #[arg(long)]
     threads: Option<usize>,
+    /// How requests reach the daemon: `uring` (FUSE over io_uring), `dev` (read and write on
+    /// /dev/fuse), or `auto`: io_uring when the kernel offers it
+    /// (/sys/module/fuse/parameters/enable_uring is Y), else /dev/fuse, saying so. `status`
+    /// shows each connection's.
+    #[arg(long, env = "CTX_TRANSPORT", default_value = "auto", value_parser = clap::builder::ValueParser::new(str::parse::<server::transport::Transport>))]
+    transport: server::transport::Transport,
     /// Seconds the kernel keeps storage entries and attributes (the host's `home/` and
     /// `shared/` data, objects, agent views' entries) before asking again: how long a change
     /// made in the storage directory behind the daemon's back may take to show. Changes made
@@ -117,7 +123,7 @@ const GENERIC_OPTIONS: &[&str] = &[
 /// fuse.cortexfs` and fstab run): starts `ctx mount --source STORAGE DIR` in the background,
 /// its output in `/run/cortexfs/mount.<DIR>.log`, and returns once the mount answers (or with
 /// the daemon's own status when it could not start). Options: `cache_timeout=N`, `threads=N`,
-/// `control=SOCKET`, `nonempty`; the mount table's own (`defaults`, `nofail`, `x-*`, ...) are
+/// `transport=auto|uring|dev`, `control=SOCKET`, `nonempty`; the mount table's own (`defaults`, `nofail`, `x-*`, ...) are
 /// ignored; `ro` is refused (a read-only host view is not offered).
 pub fn helper(args: &[String]) -> anyhow::Result<()> {
     let usage = || Exit::new(exit::INVALID, "usage: mount.fuse.cortexfs STORAGE DIR [-sfnv] [-o OPTIONS]");
@@ -145,7 +151,7 @@ pub fn helper(args: &[String]) -> anyhow::Result<()> {
                 control = PathBuf::from(v);
                 daemon.extend(["--control".to_owned(), v.to_owned()]);
             }
-            ("cache_timeout" | "threads", Some(v)) => {
+            ("cache_timeout" | "threads" | "transport", Some(v)) => {
                 daemon.push(format!("--{}", k.replace('_', "-")));
                 daemon.push(v.to_owned());
             }
@@ -323,10 +329,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let data = fs.data().map_err(|e| Exit::io(format!("cannot open storage {}", a.source.display()), &e))?;
     let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
     let mut signals = Signals::new([SIGINT, SIGTERM])?;
-    let pool = Arc::new(
-        server::transport::pool::Pool::new(threads)
-            .map_err(|e| Exit::new(exit::INTERNAL, format!("cannot start serving threads: {e}")))?,
-    );
+    let pool =
+        Arc::new(server::transport::pool::Pool::with_transport(threads, a.transport).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::Unsupported {
+                Exit::new(exit::UNAVAILABLE, format!("cannot serve over io_uring: {e}"))
+            } else {
+                Exit::new(exit::INTERNAL, format!("cannot start serving threads: {e}"))
+            }
+        })?);
+    let transport = pool.transport().name();
     let mount = pool
         .mount_host(Arc::new(fs), Arc::new(data), mp)
         .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("cannot mount {}: {e}", mp.display())))?;
@@ -343,8 +354,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     })?;
     stop_when_unmounted(mp.clone())
         .map_err(|e| Exit::new(exit::INTERNAL, format!("cannot watch the mount table: {e}")))?;
-    tracing::info!(storage = %a.source.display(), mountpoint = %mp.display(), threads, "serving /ctx");
-    eprintln!("ctx: serving {} at {}", a.source.display(), mp.display());
+    tracing::info!(storage = %a.source.display(), mountpoint = %mp.display(), threads, transport, "serving /ctx");
+    eprintln!("ctx: serving {} at {} ({transport})", a.source.display(), mp.display());
     notify("READY=1");
     if let Some(sig) = signals.forever().next() {
         tracing::info!(signal = sig, "stopping");

@@ -72,13 +72,16 @@ pub fn run(h: &Host<'_>) -> Vec<Check> {
 fn uring() -> Check {
     let p = "/sys/module/fuse/parameters/enable_uring";
     let v = std::fs::read_to_string(p).unwrap_or_default();
-    // Informational: the daemon serves /dev/fuse today.
-    let detail = match v.trim() {
-        "Y" => "FUSE over io_uring is enabled in the kernel".to_owned(),
-        "" => "this kernel has no FUSE over io_uring".to_owned(),
-        _ => format!("FUSE over io_uring is off ({p} = N)"),
+    // Informational: without it `ctx mount --transport auto` serves /dev/fuse.
+    let (detail, fix) = match v.trim() {
+        "Y" => ("FUSE over io_uring is enabled in the kernel: ctx mount serves over it".to_owned(), None),
+        "" => ("this kernel has no FUSE over io_uring: ctx mount serves /dev/fuse".to_owned(), None),
+        _ => (
+            format!("FUSE over io_uring is off ({p} = N): ctx mount serves /dev/fuse"),
+            Some(format!("echo Y > {p}, then restart ctx mount")),
+        ),
     };
-    Check { name: "io_uring", ok: true, detail, fix: None }
+    Check { name: "io_uring", ok: true, detail, fix }
 }
 
 fn storage(s: &Path) -> Check {

@@ -128,6 +128,8 @@ struct State {
     spare: Vec<u8>,
     /// Appenders waiting for the open batch.
     waiters: Vec<Arc<Waiter>>,
+    /// Appenders of the open batch that wait on no thread: each is told when it is durable.
+    deferred: Vec<Deferred>,
     /// Sequence number of the open batch.
     open_seq: u64,
     /// A leader is writing and syncing a batch.
@@ -157,6 +159,51 @@ struct Waiter {
     failed: AtomicI32,
 }
 
+/// What [`AppendLog::append_then`] calls once an append is durable (with the log's end after
+/// it) or has failed.
+pub type Done = Box<dyn FnOnce(Result<u64>) + Send>;
+
+/// An append that waits on no thread: the end offset after it, and whom to tell.
+struct Deferred {
+    end: u64,
+    done: Done,
+}
+
+impl std::fmt::Debug for Deferred {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deferred").field("end", &self.end).finish()
+    }
+}
+
+/// The threads that commit batches no appender thread leads (batches of
+/// [`AppendLog::append_then`] alone): a log to commit is sent here.
+fn committer() -> &'static Mutex<std::sync::mpsc::Sender<Arc<AppendLog>>> {
+    static TX: std::sync::OnceLock<Mutex<std::sync::mpsc::Sender<Arc<AppendLog>>>> =
+        std::sync::OnceLock::new();
+    TX.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Arc<AppendLog>>();
+        let rx = Arc::new(Mutex::new(rx));
+        // Two, so that a slow disk under one log does not hold up another log's batch.
+        for i in 0..2 {
+            let rx = Arc::clone(&rx);
+            let spawned = thread::Builder::new().name(format!("log-commit-{i}")).spawn(move || {
+                loop {
+                    let next = rx.lock().unwrap_or_else(std::sync::PoisonError::into_inner).recv();
+                    let Ok(log) = next else { return };
+                    let st = log.lock();
+                    let seq = st.open_seq;
+                    // The leadership was taken for this thread when the log was sent.
+                    let _ = log.lead(st, seq);
+                }
+            });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "cannot start a log committer");
+            }
+        }
+        Mutex::new(tx)
+    })
+}
+
 /// A group-committed JSONL append log. Share it between threads by reference or `Arc`.
 ///
 /// An appender that finds no commit in flight leads: it takes everything queued as one batch
@@ -175,6 +222,9 @@ pub struct AppendLog {
     done_seq: AtomicU64,
     /// Set once a commit failed.
     stopped: AtomicBool,
+    /// The log itself, once [`append_then`](Self::append_then) was called on its `Arc`: what
+    /// a commit that finds deferred appends queued behind it hands to the committer.
+    me: std::sync::OnceLock<std::sync::Weak<AppendLog>>,
 }
 
 impl AppendLog {
@@ -191,6 +241,7 @@ impl AppendLog {
             pending: Vec::new(),
             spare: Vec::new(),
             waiters: Vec::new(),
+            deferred: Vec::new(),
             open_seq: 1,
             leading: false,
             acked: recovery.mark,
@@ -209,6 +260,7 @@ impl AppendLog {
                 state: Mutex::new(state),
                 done_seq: AtomicU64::new(0),
                 stopped: AtomicBool::new(false),
+                me: std::sync::OnceLock::new(),
             },
             recovery,
         ))
@@ -267,6 +319,64 @@ impl AppendLog {
     /// (acknowledged plus queued bytes); otherwise nothing is written.
     pub fn append_at(&self, offset: u64, bytes: &[u8]) -> Result<u64> {
         self.append_inner(Some(offset), bytes)
+    }
+
+    /// Appends complete JSON lines without waiting: `done` is called once, from the thread
+    /// that commits the batch holding them, when they are durable (with the log's end after
+    /// them) or have failed. With `at`, only if the log currently ends there. An append refused
+    /// at once (not whole lines, not at the end, the log stopped) is told so at once, from this
+    /// thread. A batch that no appender thread leads is committed by a committer thread, so the
+    /// caller's thread goes back to its work at once.
+    pub fn append_then(self: &Arc<Self>, at: Option<u64>, bytes: &[u8], done: Done) {
+        if let Err(e) = validate(bytes, self.opts.max_line) {
+            return done(Err(e));
+        }
+        self.me.get_or_init(|| Arc::downgrade(self));
+        let mut st = self.lock();
+        if let Some(reason) = &st.stopped {
+            let e = self.stopped(reason);
+            drop(st);
+            return done(Err(e));
+        }
+        if let Some(offset) = at
+            && offset != st.logical_end
+        {
+            let e = Error::NotAtEnd { offset, end: st.logical_end };
+            drop(st);
+            return done(Err(e));
+        }
+        st.pending.extend_from_slice(bytes);
+        st.logical_end += bytes.len() as u64;
+        let end = st.logical_end;
+        st.deferred.push(Deferred { end, done });
+        if !st.leading {
+            // Taken for the committer, which leads the open batch.
+            st.leading = true;
+            drop(st);
+            self.hand_to_committer();
+        }
+    }
+
+    /// Hands the open batch, whose leadership is taken, to the committer.
+    fn hand_on(&self) {
+        match self.me.get().and_then(std::sync::Weak::upgrade) {
+            Some(me) => me.hand_to_committer(),
+            None => {
+                let st = self.lock();
+                let seq = st.open_seq;
+                let _ = self.lead(st, seq);
+            }
+        }
+    }
+
+    fn hand_to_committer(self: &Arc<Self>) {
+        let sent = committer().lock().map(|tx| tx.send(Arc::clone(self)).is_ok()).unwrap_or(false);
+        if !sent {
+            // No committer: lead here.
+            let st = self.lock();
+            let seq = st.open_seq;
+            let _ = self.lead(st, seq);
+        }
     }
 
     /// Closes the log cleanly: settles the evidence (`prev` = `cur`), so that even the last
@@ -405,6 +515,7 @@ impl AppendLog {
         let spare = std::mem::take(&mut st.spare);
         let batch = std::mem::replace(&mut st.pending, spare);
         let waiters = std::mem::take(&mut st.waiters);
+        let deferred = std::mem::take(&mut st.deferred);
         let prev = st.acked;
         let reserve_from = (prev.end + batch.len() as u64 > st.reserved).then_some(st.reserved);
         drop(st);
@@ -479,6 +590,25 @@ impl AppendLog {
         } else {
             st.waiters.first().cloned().into_iter().collect()
         };
+        // What the deferred appenders of this batch are told; after a stop, the ones queued
+        // behind it too.
+        let failed: Option<(Option<i32>, Option<String>)> = match &outcome {
+            Ok(()) => None,
+            Err(_) if st.stopped.is_some() => Some((None, st.stopped.clone())),
+            Err(_) => {
+                Some((Some(full.map_or(rustix::io::Errno::NOSPC.raw_os_error(), |(errno, _)| errno)), None))
+            }
+        };
+        let mut told = deferred;
+        if st.stopped.is_some() {
+            told.append(&mut st.deferred);
+        }
+        // Deferred appenders queued meanwhile with no appender thread to lead them: the
+        // committer leads their batch.
+        let hand_on = st.stopped.is_none() && next.is_empty() && !st.deferred.is_empty();
+        if hand_on {
+            st.leading = true;
+        }
         drop(st);
         for w in next {
             w.lead.store(true, Ordering::Release);
@@ -486,6 +616,19 @@ impl AppendLog {
         }
         for w in &waiters {
             w.thread.unpark();
+        }
+        for d in told {
+            let r = match &failed {
+                None => Ok(d.end),
+                Some((Some(errno), _)) => {
+                    Err(Error::io("append", &self.path, std::io::Error::from_raw_os_error(*errno)))
+                }
+                Some((None, reason)) => Err(self.stopped(reason.as_deref().unwrap_or("unknown"))),
+            };
+            (d.done)(r);
+        }
+        if hand_on {
+            self.hand_on();
         }
         outcome
     }

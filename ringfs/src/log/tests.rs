@@ -315,3 +315,60 @@ fn a_full_disk_refuses_appends_as_enospc_and_the_log_goes_on_when_space_returns(
         assert!(text.lines().all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()));
     }
 }
+
+#[test]
+fn appends_that_wait_on_no_thread_are_each_told_once_when_durable() {
+    for engine in engines() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("events.jsonl");
+        let (log, _) = AppendLog::open(&p, opts(engine)).unwrap();
+        let log = Arc::new(log);
+        let (tx, rx) = std::sync::mpsc::channel::<(usize, u64)>();
+        // Deferred appends from 4 threads, mixed with blocking appends from 2 more.
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let (log, tx) = (Arc::clone(&log), tx.clone());
+                s.spawn(move || {
+                    for (i, l) in lines(200, &format!("d{t}")).into_iter().enumerate() {
+                        let tx = tx.clone();
+                        log.append_then(
+                            None,
+                            l.as_bytes(),
+                            Box::new(move |r| {
+                                let end = r.expect("durable");
+                                tx.send((t * 1000 + i, end)).unwrap();
+                            }),
+                        );
+                    }
+                });
+            }
+            for t in 0..2 {
+                let log = Arc::clone(&log);
+                s.spawn(move || {
+                    for l in lines(100, &format!("b{t}")) {
+                        log.append(l.as_bytes()).unwrap();
+                    }
+                });
+            }
+        });
+        drop(tx);
+        let mut told: Vec<(usize, u64)> = rx.iter().collect();
+        assert_eq!(told.len(), 800, "every deferred append is told, once");
+        told.sort_unstable();
+        told.dedup_by_key(|t| t.0);
+        assert_eq!(told.len(), 800);
+        let text = fs::read_to_string(&p).unwrap();
+        assert_eq!(text.lines().count(), 1000);
+        // Each told end is past the append's own line, within the file.
+        for (_, end) in &told {
+            assert!(*end <= text.len() as u64);
+        }
+        // A refused deferred append is told at once, and nothing is written.
+        let refused = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let r = Arc::clone(&refused);
+        log.append_then(None, b"not json\n", Box::new(move |res| r.store(res.is_err(), Ordering::SeqCst)));
+        assert!(refused.load(Ordering::SeqCst));
+        assert_eq!(fs::read_to_string(&p).unwrap().lines().count(), 1000);
+        assert!(log.batches() < 1000, "appends were batched: {} batches", log.batches());
+    }
+}

@@ -234,6 +234,9 @@ pub struct CtxFs {
     logs: SharedLogs,
     /// Shared with the host's data connection, whose requests the host's `status` counts.
     stats: Arc<Stats>,
+    /// How the connection serving this filesystem is served (shared with the host's data
+    /// connection, as the counters are).
+    wire: Arc<crate::transport::Wire>,
     started: Instant,
     view: Option<Authority>,
     view_count: Arc<AtomicU64>,
@@ -362,6 +365,37 @@ fn append(log: &AppendLog, flags: u32, offset: u64, data: &[u8]) -> io::Result<(
     r.map(drop).map_err(|e| ringfs_errno(&e))
 }
 
+/// What a deferred WRITE's requester is told: the bytes taken, or the error.
+pub type WriteDone = Box<dyn FnOnce(io::Result<usize>) + Send>;
+
+/// Appends `data` to `log` as [`append`] does, without waiting: `done` gets the reply once the
+/// bytes are durable (then `changed`, the connection's note that a session log changed, is
+/// given first), or the error.
+fn append_then(
+    log: &Arc<AppendLog>,
+    flags: u32,
+    offset: u64,
+    data: &[u8],
+    size: usize,
+    changed: Option<(Changes, PathBuf)>,
+    done: WriteDone,
+) {
+    let at = (flags & libc::O_APPEND as u32 == 0).then_some(offset);
+    log.append_then(
+        at,
+        data,
+        Box::new(move |r| match r {
+            Ok(_) => {
+                if let Some((c, rel)) = changed {
+                    c.data(&rel);
+                }
+                done(Ok(size));
+            }
+            Err(e) => done(Err(ringfs_errno(&e))),
+        }),
+    );
+}
+
 /// Maps a ringfs error to the errno the client sees.
 fn ringfs_errno(e: &ringfs::Error) -> io::Error {
     tracing::debug!(error = %e, "storage refused");
@@ -398,6 +432,7 @@ impl CtxFs {
             next_handle: AtomicU64::new(1),
             logs: config.logs,
             stats: Arc::default(),
+            wire: Arc::default(),
             started: Instant::now(),
             view: config.view.map(|v| Authority::new(v, Arc::clone(config.changes.epoch()))),
             view_count: config.view_count,
@@ -432,6 +467,7 @@ impl CtxFs {
             cache_timeout: self.ttl,
         })?;
         fs.stats = Arc::clone(&self.stats);
+        fs.wire = Arc::clone(&self.wire);
         fs.zero_open = true;
         Ok(fs)
     }
@@ -623,6 +659,64 @@ impl CtxFs {
             .collect()
     }
 
+    /// Serves a WRITE to a session or object log without holding the calling thread while it
+    /// becomes durable: the bytes join the log's next batch and `done` gets the reply from the
+    /// thread that commits it. `false` when the write is not to a log (nothing was done, and
+    /// `done` is dropped): the caller serves it as any other request. Like `write`, with the
+    /// request's `ino`, `handle` (0 on the host's data connection), `offset` and open `flags`.
+    pub fn write_deferred(
+        &self,
+        ino: u64,
+        handle: u64,
+        offset: u64,
+        flags: u32,
+        data: &[u8],
+        done: WriteDone,
+    ) -> bool {
+        let size = data.len();
+        if self.zero_open && handle == 0 {
+            let Ok(rel) = self.rel(ino) else { return false };
+            if classify(&rel) != Some(Area::SessionLog) {
+                return false;
+            }
+            self.stats.count("write");
+            let Some((start, whole)) = self.log_piece(ino, offset, data.to_vec()) else {
+                done(Ok(size));
+                return true;
+            };
+            let log = match self.log(&rel) {
+                Ok(l) => l,
+                Err(e) => {
+                    done(Err(e));
+                    return true;
+                }
+            };
+            // Appended elsewhere than this kernel thought: its cached pages are wrong.
+            let changed = (log.len() != start).then(|| (self.changes.clone(), rel));
+            append_then(&log, flags, start, &whole, size, changed, done);
+            return true;
+        }
+        let Ok(h) = self.handle(handle) else { return false };
+        let log = match &*lock(&h) {
+            Handle::Log(l) => Arc::clone(l),
+            _ => return false,
+        };
+        self.stats.count("write");
+        // The host's data connection keeps pages of session logs.
+        let changed = self
+            .rel(ino)
+            .ok()
+            .filter(|rel| classify(rel) == Some(Area::SessionLog))
+            .map(|rel| (self.changes.clone(), rel));
+        append_then(&log, flags, offset, data, size, changed, done);
+        true
+    }
+
+    /// How the connection serving this filesystem is served.
+    pub fn wire(&self) -> &Arc<crate::transport::Wire> {
+        &self.wire
+    }
+
     /// The `status` file's contents, computed now.
     pub fn status(&self) -> Vec<u8> {
         let mut s = String::new();
@@ -644,6 +738,10 @@ impl CtxFs {
                 s.push_str(if a.spec().records_only { "ctx records\n" } else { "ctx read-write\n" });
             }
         }
+        let w = &self.wire;
+        s.push_str(&format!("transport {}\n", w.transport().name()));
+        s.push_str(&format!("transport.dev_requests {}\n", w.dev_requests.load(Ordering::Relaxed)));
+        s.push_str(&format!("transport.ring_requests {}\n", w.ring_requests.load(Ordering::Relaxed)));
         s.push_str(&format!("requests {total}\n"));
         for (op, c) in OPS.iter().zip(&self.stats.ops) {
             s.push_str(&format!("op.{op} {}\n", c.load(Ordering::Relaxed)));

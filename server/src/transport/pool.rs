@@ -20,6 +20,8 @@ use fuse_backend_rs::transport::{FuseBuf, FuseDevWriter, FuseSession, Reader};
 use rustix::event::epoll::{self, EventData, EventFlags};
 use rustix::event::{EventfdFlags, eventfd};
 
+use super::uring::{self, Load, Rings};
+use super::{Transport, Wire};
 use crate::CtxFs;
 
 /// Largest request: 1 MiB of data plus headers (the mount's max_read is 1 MiB + 4 KiB).
@@ -27,9 +29,16 @@ const BUF: usize = (1 << 20) + 8192;
 /// The token of the wake-up eventfd.
 const WAKE: u64 = 0;
 
-struct Conn {
-    file: File,
-    server: Server<Arc<CtxFs>>,
+/// One connection: its `/dev/fuse` descriptor, its server, and how it is served.
+pub(crate) struct Conn {
+    pub(crate) file: File,
+    pub(crate) server: Server<Arc<CtxFs>>,
+    /// The filesystem the server serves, for the requests served around it (deferred writes).
+    pub(crate) fs: Arc<CtxFs>,
+    /// The connection's transport and counters, which its `status` shows.
+    pub(crate) wire: Arc<Wire>,
+    /// The rings' entries it asks for, when it asks for them.
+    ring: Option<Load>,
 }
 
 struct Inner {
@@ -38,6 +47,7 @@ struct Inner {
     conns: RwLock<HashMap<u64, Arc<Conn>>>,
     next: AtomicU64,
     stop: AtomicBool,
+    rings: Option<Rings>,
 }
 
 /// The pool.
@@ -147,6 +157,19 @@ fn worker(inner: &Inner) {
                 rearm(inner, &conn, token);
             }
             let Some(n) = n else { continue };
+            conn.wire.dev_requests.fetch_add(1, Ordering::Relaxed);
+            if let (Some(load), Some(rings)) = (conn.ring, &inner.rings)
+                && n >= 8
+                && u32::from_ne_bytes([rbuf[4], rbuf[5], rbuf[6], rbuf[7]]) == uring::OP_INIT
+            {
+                init(&conn, rings, load, &mut rbuf[..n], &mut wbuf);
+                continue;
+            }
+            if u32::from_ne_bytes([rbuf[4], rbuf[5], rbuf[6], rbuf[7]]) == uring::OP_WRITE
+                && deferred_write(&conn, &rbuf[..n])
+            {
+                continue;
+            }
             let reader = match Reader::from_fuse_buffer(FuseBuf::new(&mut rbuf[..n])) {
                 Ok(r) => r,
                 Err(e) => {
@@ -169,9 +192,96 @@ fn worker(inner: &Inner) {
     }
 }
 
+/// Serves a WRITE request (`fuse_in_header`, `fuse_write_in`, data) to a log without waiting
+/// for it to be durable: the reply is written to `/dev/fuse` by the thread that commits it.
+/// False when it is not a write to a log.
+fn deferred_write(conn: &Arc<Conn>, req: &[u8]) -> bool {
+    let Some(w) = uring::WriteRequest::parse(&req[..req.len().min(80)], req.get(80..).unwrap_or(&[])) else {
+        return false;
+    };
+    let c = Arc::clone(conn);
+    let unique = w.unique;
+    conn.fs.write_deferred(
+        w.ino,
+        w.fh,
+        w.offset,
+        w.flags,
+        w.data,
+        Box::new(move |r| {
+            let mut out = [0u8; 24];
+            let n = uring::write_reply(&mut out, unique, r);
+            // ENOENT: the request was interrupted and is gone.
+            let _ = rustix::io::write(&c.file, &out[..n]);
+        }),
+    )
+}
+
+/// Answers INIT on a connection that asks for the rings: the reply fuse-backend-rs writes
+/// (into memory: a buffered writer without a descriptor) accepts FUSE over io_uring when the
+/// kernel offered it, and the connection's entries are registered once the kernel has it.
+fn init(conn: &Arc<Conn>, rings: &Rings, load: Load, req: &mut [u8], wbuf: &mut [u8]) {
+    let offered = uring::offered(req);
+    let Ok(reader) = Reader::from_fuse_buffer(FuseBuf::new(req)) else { return };
+    let len = {
+        let Ok(mut w) = FuseDevWriter::<()>::new(-1, wbuf) else { return };
+        let Ok(w) = w.split_at(0) else { return };
+        // The commit into no descriptor fails after the reply is in `wbuf`.
+        let _ = conn.server.handle_message(reader, w.into(), None, None);
+        u32::from_ne_bytes([wbuf[0], wbuf[1], wbuf[2], wbuf[3]]) as usize
+    };
+    let Some(reply) = wbuf.get_mut(..len) else { return };
+    let accepted = offered && uring::accept(reply);
+    if let Err(e) = rustix::io::write(&conn.file, reply) {
+        tracing::warn!(error = %e, "cannot answer INIT");
+        return;
+    }
+    if accepted {
+        conn.wire.set(Transport::Uring);
+        rings.attach(conn, load);
+        tracing::info!(load = ?load, "connection served over io_uring");
+    } else {
+        conn.wire.set(Transport::Dev);
+        tracing::warn!(
+            reason = %uring::offered_by_kernel().err().unwrap_or_else(|| "not offered in INIT".into()),
+            "FUSE over io_uring is not available: this connection is served by /dev/fuse"
+        );
+    }
+}
+
 impl Pool {
-    /// Starts `threads` workers.
+    /// Starts `threads` workers serving `/dev/fuse`.
     pub fn new(threads: usize) -> io::Result<Pool> {
+        Pool::with_transport(threads, Transport::Dev)
+    }
+
+    /// Starts `threads` workers serving `/dev/fuse`, and with [`Transport::Uring`] or
+    /// [`Transport::Auto`] (when the kernel offers it) the rings of FUSE over io_uring, which
+    /// then serve every connection mounted after INIT. `Uring` fails when the kernel does not
+    /// offer it; `Auto` falls back to `/dev/fuse` and says so in the log.
+    pub fn with_transport(threads: usize, transport: Transport) -> io::Result<Pool> {
+        let rings = match (transport, uring::offered_by_kernel()) {
+            (Transport::Dev, _) => None,
+            (Transport::Uring, Ok(())) => Some(Rings::new().map_err(|e| {
+                io::Error::new(io::ErrorKind::Unsupported, format!("cannot make io_uring rings: {e}"))
+            })?),
+            (Transport::Auto, Ok(())) => match Rings::new() {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot make io_uring rings: serving /dev/fuse");
+                    None
+                }
+            },
+            (Transport::Uring, Err(why)) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!("no FUSE over io_uring: {why}"),
+                ));
+            }
+            (Transport::Auto, Err(why)) => {
+                tracing::warn!(reason = %why, "FUSE over io_uring is not available: serving /dev/fuse");
+                None
+            }
+        };
         let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)?;
         let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
         epoll::add(&epoll, &wake, EventData::new_u64(WAKE), EventFlags::IN)?;
@@ -181,6 +291,7 @@ impl Pool {
             conns: RwLock::new(HashMap::new()),
             next: AtomicU64::new(WAKE + 1),
             stop: AtomicBool::new(false),
+            rings,
         });
         let mut handles = Vec::new();
         for i in 0..threads.max(1) {
@@ -196,6 +307,11 @@ impl Pool {
         self.threads.len()
     }
 
+    /// The transport new connections get: `Uring` when the rings run.
+    pub fn transport(&self) -> Transport {
+        if self.inner.rings.is_some() { Transport::Uring } else { Transport::Dev }
+    }
+
     /// Number of connections served.
     pub fn connections(&self) -> usize {
         self.inner.conns.read().map_or(0, |c| c.len())
@@ -205,6 +321,11 @@ impl Pool {
     /// storage it serves and its type `fuse.cortexfs`, as `mount -t fuse.cortexfs STORAGE DIR`
     /// and an fstab line name them.
     pub fn mount(&self, fs: Arc<CtxFs>, mountpoint: &Path) -> io::Result<Attached> {
+        self.mount_as(fs, mountpoint, Load::Idle)
+    }
+
+    /// [`Pool::mount`], asking the rings for as many entries as `load` says.
+    fn mount_as(&self, fs: Arc<CtxFs>, mountpoint: &Path, load: Load) -> io::Result<Attached> {
         let source = fs.storage_path().display().to_string();
         let mut session =
             FuseSession::new(mountpoint, &source, "cortexfs", false).map_err(io::Error::other)?;
@@ -215,7 +336,9 @@ impl Pool {
             .ok_or_else(|| io::Error::other("mounted session has no /dev/fuse descriptor"))?
             .try_clone()?;
         let token = self.inner.next.fetch_add(1, Ordering::Relaxed);
-        let conn = Arc::new(Conn { file, server: Server::new(fs) });
+        let wire = Arc::clone(fs.wire());
+        let ring = self.inner.rings.as_ref().map(|_| load);
+        let conn = Arc::new(Conn { file, server: Server::new(Arc::clone(&fs)), fs, wire, ring });
         // Into the table first: a worker may wake for the INIT request the moment the
         // descriptor is armed, and must find the connection.
         self.inner
@@ -240,7 +363,7 @@ impl Pool {
     /// all that reach it.
     pub fn mount_host(&self, fs: Arc<CtxFs>, data: Arc<CtxFs>, mountpoint: &Path) -> io::Result<HostMount> {
         let data_fs = Arc::clone(&data);
-        let main = self.mount(fs, mountpoint)?;
+        let main = self.mount_as(fs, mountpoint, Load::Busy)?;
         let private = std::env::temp_dir().join(format!(
             "cortexfs-data.{}.{}",
             std::process::id(),
@@ -248,7 +371,7 @@ impl Pool {
         ));
         let mounted = (|| {
             std::fs::create_dir(&private)?;
-            let data = self.mount(data, &private)?;
+            let data = self.mount_as(data, &private, Load::Busy)?;
             let mut binds = Vec::new();
             let bound = DATA_DIRS.iter().try_for_each(|d| {
                 let to = mountpoint.join(d);
@@ -349,6 +472,11 @@ impl Pool {
         let _ = rustix::io::write(&self.inner.wake, &1u64.to_ne_bytes());
         for t in self.threads.drain(..) {
             let _ = t.join();
+        }
+        if let Some(inner) = Arc::get_mut(&mut self.inner)
+            && let Some(r) = inner.rings.as_mut()
+        {
+            r.shutdown();
         }
     }
 }

@@ -1,0 +1,608 @@
+//! FUSE over io_uring: requests reach the daemon in buffers it registered with the kernel, and
+//! one submission both sends a reply and asks for the next request.
+//!
+//! The kernel keeps one queue of entries per possible CPU and hands each request to the queue
+//! of the CPU its caller runs on. An entry is a header buffer (the request's `fuse_in_header`,
+//! its operation's own header, and the entry's bookkeeping) and a payload buffer (the rest of
+//! the request: names, written data), registered with `IORING_OP_URING_CMD`
+//! (`FUSE_IO_URING_CMD_REGISTER`) on the connection's `/dev/fuse`. The command completes when a
+//! request is in the entry; `FUSE_IO_URING_CMD_COMMIT_AND_FETCH` hands the reply back (the
+//! `fuse_out_header` in the header buffer, the rest in the payload buffer) and waits for the
+//! next request in the same entry.
+//!
+//! The daemon serves every queue from [`RINGS_PER_QUEUE`] threads, each with an io_uring of its
+//! own that every connection shares: a connection adds entries to each ring, so a thousand views
+//! cost entries, not threads, and a request that blocks one thread (an fsync) leaves the other
+//! ring of its queue serving. A busy connection (the host view and its data connection) gets
+//! [`BUSY_DEPTH`] entries per ring; an agent view one entry on the first ring of each queue.
+//!
+//! INIT, FORGET and INTERRUPT still arrive by `read(2)` on `/dev/fuse`, where the `/dev/fuse`
+//! pool serves them (and every request that arrives before each queue has an entry). The INIT
+//! reply is where the daemon accepts the transport: fuse-backend-rs answers INIT with the flags
+//! it knows, and the pool adds `FUSE_OVER_IO_URING` to that reply (`accept`).
+//!
+//! The reply is written straight into the entry's buffers: data read from a file lands in the
+//! payload buffer the kernel copies from, without a copy of its own.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use fuse_backend_rs::transport::{FuseBuf, FuseDevWriter, Reader};
+use io_uring::{IoUring, cqueue, opcode, squeue, types};
+use rustix::event::{EventfdFlags, eventfd};
+
+use super::pool::Conn;
+
+/// `FUSE_OVER_IO_URING`, bit 41 of the INIT flags (bit 9 of `flags2`).
+pub const FUSE_OVER_IO_URING: u64 = 1 << 41;
+/// `FUSE_INIT_EXT`: the INIT messages carry `flags2`.
+const FUSE_INIT_EXT: u32 = 1 << 30;
+/// `FUSE_INIT`'s opcode.
+pub(crate) const OP_INIT: u32 = 26;
+/// `FUSE_WRITE`'s opcode.
+pub(crate) const OP_WRITE: u32 = 16;
+
+/// A WRITE request, from its `fuse_in_header` and `fuse_write_in` (80 bytes) and its data.
+pub(crate) struct WriteRequest<'a> {
+    pub(crate) unique: u64,
+    pub(crate) ino: u64,
+    pub(crate) fh: u64,
+    pub(crate) offset: u64,
+    pub(crate) flags: u32,
+    pub(crate) data: &'a [u8],
+}
+
+impl<'a> WriteRequest<'a> {
+    /// `head`: the in header then `fuse_write_in`; `data`: what follows them (at least
+    /// `size` bytes).
+    pub(crate) fn parse(head: &[u8], data: &'a [u8]) -> Option<WriteRequest<'a>> {
+        if head.len() < IN_HEADER + 40 || u32_at(head, 4) != OP_WRITE {
+            return None;
+        }
+        let w = IN_HEADER;
+        let size = u32_at(head, w + 16) as usize;
+        Some(WriteRequest {
+            unique: u64_at(head, 8),
+            ino: u64_at(head, 16),
+            fh: u64_at(head, w),
+            offset: u64_at(head, w + 8),
+            flags: u32_at(head, w + 32),
+            data: data.get(..size)?,
+        })
+    }
+}
+
+/// Writes the reply to a WRITE into `out` (24 bytes): `fuse_out_header`, then `fuse_write_out`
+/// when it succeeded. Returns its length.
+pub(crate) fn write_reply(out: &mut [u8; 24], unique: u64, r: io::Result<usize>) -> usize {
+    let (len, error, size) = match r {
+        Ok(n) => (24u32, 0i32, u32::try_from(n).unwrap_or(u32::MAX)),
+        Err(e) => (16, -e.raw_os_error().unwrap_or(libc::EIO), 0),
+    };
+    out[0..4].copy_from_slice(&len.to_ne_bytes());
+    out[4..8].copy_from_slice(&error.to_ne_bytes());
+    out[8..16].copy_from_slice(&unique.to_ne_bytes());
+    out[16..20].copy_from_slice(&size.to_ne_bytes());
+    out[20..24].fill(0);
+    len as usize
+}
+
+const CMD_REGISTER: u32 = 1;
+const CMD_COMMIT_AND_FETCH: u32 = 2;
+
+/// `struct fuse_uring_req_header`: `in_out` (128), `op_in` (128), `ring_ent_in_out` (32).
+const IN_OUT: usize = 128;
+const OP_IN: usize = 128;
+const ENT: usize = IN_OUT + OP_IN;
+const HEADER: usize = ENT + 32;
+/// `struct fuse_in_header` and `struct fuse_out_header`.
+const IN_HEADER: usize = 40;
+const OUT_HEADER: usize = 16;
+/// The payload buffer: the largest request or reply payload (`max_write` and `max_pages` of
+/// the INIT reply, 1 MiB).
+const PAYLOAD: usize = 1 << 20;
+/// Room after the payload buffer for the reply to a request whose own payload fills it (the
+/// reply is written after the request, then moved into place): the largest such reply is an
+/// extended attribute's value.
+const SLACK: usize = (64 << 10) + 4096;
+/// One entry's memory.
+const ENTRY: usize = HEADER + PAYLOAD + SLACK;
+
+/// Threads (and rings) per queue.
+pub const RINGS_PER_QUEUE: usize = 2;
+/// Entries per ring of a busy connection.
+pub const BUSY_DEPTH: usize = 16;
+/// Entries of the waker's read, in `user_data`.
+const WAKE: u64 = u64::MAX;
+
+/// Whether this kernel offers FUSE over io_uring to new connections
+/// (`/sys/module/fuse/parameters/enable_uring`); the reason when it does not.
+pub fn offered_by_kernel() -> Result<(), String> {
+    const PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
+    match std::fs::read_to_string(PARAM) {
+        Ok(s) if s.trim() == "Y" || s.trim() == "1" => Ok(()),
+        Ok(_) => Err(format!("{PARAM} is N (root may set it to Y)")),
+        Err(e) => Err(format!("this kernel has no FUSE over io_uring ({PARAM}: {e})")),
+    }
+}
+
+/// The number of queues the kernel keeps: one per possible CPU (`nr_cpu_ids`).
+fn queues() -> usize {
+    std::fs::read_to_string("/sys/devices/system/cpu/possible")
+        .ok()
+        .and_then(|s| s.trim().split(',').filter_map(|r| r.rsplit('-').next()?.parse::<usize>().ok()).max())
+        .map_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()), |m| m + 1)
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_ne_bytes(b[at..at + 4].try_into().expect("four bytes"))
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_ne_bytes(b[at..at + 8].try_into().expect("eight bytes"))
+}
+
+/// Whether an INIT request (`fuse_in_header` then `fuse_init_in`) offers FUSE over io_uring.
+pub(crate) fn offered(req: &[u8]) -> bool {
+    // fuse_init_in: major, minor, max_readahead, flags, then (7.36) flags2.
+    let flags = |at| (req.len() >= at + 4).then(|| u32_at(req, at));
+    let (Some(flags), Some(flags2)) = (flags(IN_HEADER + 12), flags(IN_HEADER + 16)) else { return false };
+    flags & FUSE_INIT_EXT != 0 && (u64::from(flags2) << 32) & FUSE_OVER_IO_URING != 0
+}
+
+/// Adds `FUSE_OVER_IO_URING` to an INIT reply (`fuse_out_header` then `fuse_init_out`) that
+/// succeeded; false when it did not, or is too short to carry `flags2`.
+pub(crate) fn accept(reply: &mut [u8]) -> bool {
+    // fuse_init_out: flags at 12, flags2 at 32.
+    let (flags, flags2) = (OUT_HEADER + 12, OUT_HEADER + 32);
+    if reply.len() < flags2 + 4 || u32_at(reply, 4) != 0 {
+        return false;
+    }
+    let f = u32_at(reply, flags) | FUSE_INIT_EXT;
+    let f2 = u32_at(reply, flags2) | (FUSE_OVER_IO_URING >> 32) as u32;
+    reply[flags..flags + 4].copy_from_slice(&f.to_ne_bytes());
+    reply[flags2..flags2 + 4].copy_from_slice(&f2.to_ne_bytes());
+    true
+}
+
+/// What a connection asks of the rings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Load {
+    /// Entries on every ring of every queue.
+    Busy,
+    /// One entry on the first ring of each queue.
+    Idle,
+}
+
+/// Counters of the rings.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Entries registered and not yet ended.
+    pub entries: AtomicU64,
+}
+
+enum Msg {
+    Attach(Arc<Conn>, Load),
+    /// The reply to a deferred WRITE held in entry `ud`, now that it is durable (or failed).
+    Reply {
+        ud: u64,
+        unique: u64,
+        result: io::Result<usize>,
+    },
+    Stop,
+}
+
+/// How a ring's thread is reached from other threads: a message, then a wake-up.
+#[derive(Clone)]
+struct Mailbox {
+    tx: Sender<Msg>,
+    wake: Arc<OwnedFd>,
+}
+
+impl Mailbox {
+    fn send(&self, m: Msg) {
+        let _ = self.tx.send(m);
+        let _ = rustix::io::write(&*self.wake, &1u64.to_ne_bytes());
+    }
+}
+
+struct Ring {
+    mailbox: Mutex<Mailbox>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The rings: [`RINGS_PER_QUEUE`] serving threads per queue.
+pub struct Rings {
+    rings: Vec<Ring>,
+    counters: Arc<Counters>,
+}
+
+impl std::fmt::Debug for Rings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rings").field("rings", &self.rings.len()).field("counters", &self.counters).finish()
+    }
+}
+
+impl Rings {
+    /// Starts the serving threads, after checking that io_uring can carry FUSE commands here.
+    pub fn new() -> io::Result<Rings> {
+        let counters = Arc::new(Counters::default());
+        let mut rings = Vec::new();
+        for qid in 0..queues() {
+            for k in 0..RINGS_PER_QUEUE {
+                let ring: IoUring<squeue::Entry128, cqueue::Entry> = IoUring::builder().build(256)?;
+                let wake = Arc::new(eventfd(0, EventfdFlags::CLOEXEC)?);
+                let (tx, rx) = channel();
+                let mailbox = Mailbox { tx, wake };
+                let qid = u16::try_from(qid).map_err(|_| io::Error::other("too many CPUs"))?;
+                let c = Arc::clone(&counters);
+                let own = mailbox.clone();
+                let thread = std::thread::Builder::new()
+                    .name(format!("fuse-ring-{qid}.{k}"))
+                    .spawn(move || serve(ring, qid, k, &rx, &own, &c))?;
+                rings.push(Ring { mailbox: Mutex::new(mailbox), thread: Some(thread) });
+            }
+        }
+        Ok(Rings { rings, counters })
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> &Arc<Counters> {
+        &self.counters
+    }
+
+    /// Registers `conn`'s entries (after its INIT reply accepted the transport).
+    pub(crate) fn attach(&self, conn: &Arc<Conn>, load: Load) {
+        for (i, r) in self.rings.iter().enumerate() {
+            if load == Load::Idle && i % RINGS_PER_QUEUE != 0 {
+                continue;
+            }
+            if let Ok(m) = r.mailbox.lock() {
+                m.send(Msg::Attach(Arc::clone(conn), load));
+            }
+        }
+    }
+
+    /// Stops the threads (after every connection was unmounted).
+    pub fn shutdown(&mut self) {
+        for r in &self.rings {
+            if let Ok(m) = r.mailbox.lock() {
+                m.send(Msg::Stop);
+            }
+        }
+        for r in &mut self.rings {
+            if let Some(t) = r.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+impl Drop for Rings {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Anonymous memory of one entry, mapped on its own so that the pages a request never
+/// touches are never resident.
+struct Memory {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Memory {
+    fn new(len: usize) -> io::Result<Memory> {
+        // SAFETY: a fresh private anonymous mapping, at an address the kernel chooses: it
+        // aliases nothing.
+        let ptr = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                len,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::PRIVATE,
+            )?
+        };
+        Ok(Memory { ptr: ptr.cast(), len })
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` maps `len` bytes, readable and writable, for as long as `self` lives;
+        // the borrow of `self` keeps this slice the only one.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once; no slice of it outlives `self`.
+        let _ = unsafe { rustix::mm::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// One registered entry: its memory, and the two `iovec`s the kernel was given for it.
+struct Entry {
+    mem: Memory,
+    iov: [libc::iovec; 2],
+}
+
+/// A connection's entries on one ring.
+struct Attached {
+    conn: Arc<Conn>,
+    /// Allocated once and never grown: the kernel holds the addresses of their `iov`s.
+    entries: Vec<Entry>,
+    /// Entries the kernel still holds.
+    live: usize,
+}
+
+fn user_data(slot: usize, idx: usize) -> u64 {
+    ((slot as u64) << 16) | idx as u64
+}
+
+/// An `IORING_OP_URING_CMD` for the connection `fd` on queue `qid`.
+fn command(
+    fd: RawFd,
+    op: u32,
+    qid: u16,
+    commit_id: u64,
+    iov: *const libc::iovec,
+    ud: u64,
+) -> squeue::Entry128 {
+    // struct fuse_uring_cmd_req: flags, commit_id, qid, padding.
+    let mut cmd = [0u8; 80];
+    cmd[8..16].copy_from_slice(&commit_id.to_ne_bytes());
+    cmd[16..18].copy_from_slice(&qid.to_ne_bytes());
+    let e = opcode::UringCmd80::new(types::Fd(fd), op).cmd(cmd).addr(Some(iov as u64)).build().user_data(ud);
+    // The kernel takes the number of iovecs from the entry's `len`, which the crate's builder
+    // does not set.
+    // SAFETY: `Entry128` is `repr(C)`, 128 bytes of plain integers (an `io_uring_sqe` and 64
+    // more bytes), valid for any bit pattern, as is `[u8; 128]`.
+    let mut raw: [u8; 128] = unsafe { std::mem::transmute(e) };
+    // io_uring_sqe.len, at byte 24.
+    raw[24..28].copy_from_slice(&2u32.to_ne_bytes());
+    // SAFETY: as above.
+    unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) }
+}
+
+/// One ring's thread.
+fn serve(
+    mut ring: IoUring<squeue::Entry128, cqueue::Entry>,
+    qid: u16,
+    k: usize,
+    rx: &Receiver<Msg>,
+    mailbox: &Mailbox,
+    counters: &Counters,
+) {
+    let wake = &*mailbox.wake;
+    let mut slots: Vec<Option<Attached>> = Vec::new();
+    let mut wake_buf = [0u8; 8];
+    let mut todo: Vec<squeue::Entry128> = Vec::new();
+    let mut done: Vec<(u64, i32)> = Vec::new();
+    let arm_wake = |buf: &mut [u8; 8]| {
+        squeue::Entry128::from(
+            opcode::Read::new(types::Fd(wake.as_fd().as_raw_fd()), buf.as_mut_ptr(), 8)
+                .build()
+                .user_data(WAKE),
+        )
+    };
+    todo.push(arm_wake(&mut wake_buf));
+    let stopping = AtomicBool::new(false);
+    loop {
+        for e in todo.drain(..) {
+            // SAFETY: every buffer an entry names stays valid until its completion: the waker's
+            // buffer lives on this stack frame, which returns only after the ring is dropped,
+            // and an entry's memory is dropped only after the kernel ended its command.
+            while unsafe { ring.submission().push(&e) }.is_err() {
+                if let Err(e) = ring.submit() {
+                    tracing::error!(error = %e, qid, "io_uring submit failed");
+                    return;
+                }
+            }
+        }
+        if stopping.load(Ordering::Relaxed) {
+            // Dropping the ring cancels the commands it still holds; their entries are freed
+            // after it (`slots` is dropped last).
+            drop(ring);
+            drop(slots);
+            return;
+        }
+        match ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+            Err(e) => {
+                tracing::error!(error = %e, qid, "io_uring wait failed");
+                return;
+            }
+        }
+        done.extend(ring.completion().map(|c| (c.user_data(), c.result())));
+        for (ud, res) in done.drain(..) {
+            if ud == WAKE {
+                while let Ok(m) = rx.try_recv() {
+                    match m {
+                        Msg::Stop => stopping.store(true, Ordering::Relaxed),
+                        Msg::Reply { ud, unique, result } => {
+                            let (slot, idx) = ((ud >> 16) as usize, (ud & 0xffff) as usize);
+                            if let Some(Some(a)) = slots.get_mut(slot)
+                                && let Some(entry) = a.entries.get_mut(idx)
+                            {
+                                let mut out = [0u8; 24];
+                                let n = write_reply(&mut out, unique, result);
+                                let buf = entry.mem.bytes();
+                                buf[..OUT_HEADER].copy_from_slice(&out[..OUT_HEADER]);
+                                buf[HEADER..HEADER + n - OUT_HEADER].copy_from_slice(&out[OUT_HEADER..n]);
+                                set_ent(buf, unique, n - OUT_HEADER);
+                                let fd = a.conn.file.as_raw_fd();
+                                todo.push(command(
+                                    fd,
+                                    CMD_COMMIT_AND_FETCH,
+                                    qid,
+                                    unique,
+                                    entry.iov.as_ptr(),
+                                    ud,
+                                ));
+                            }
+                        }
+                        Msg::Attach(conn, load) => {
+                            let depth = if load == Load::Busy { BUSY_DEPTH } else { 1 };
+                            match register(&mut slots, conn, depth, qid, &mut todo) {
+                                Ok(n) => {
+                                    counters.entries.fetch_add(n as u64, Ordering::Relaxed);
+                                }
+                                Err(e) => tracing::warn!(error = %e, qid, k, "cannot make ring entries"),
+                            }
+                        }
+                    }
+                }
+                todo.push(arm_wake(&mut wake_buf));
+                continue;
+            }
+            let (slot, idx) = ((ud >> 16) as usize, (ud & 0xffff) as usize);
+            let Some(Some(a)) = slots.get_mut(slot) else { continue };
+            if res == -libc::EAGAIN || res == -libc::EINTR {
+                // Registered too early, or interrupted: register the entry again.
+                let fd = a.conn.file.as_raw_fd();
+                if let Some(entry) = a.entries.get(idx) {
+                    todo.push(command(fd, CMD_REGISTER, qid, 0, entry.iov.as_ptr(), ud));
+                }
+                continue;
+            }
+            if res < 0 {
+                // The connection ended (ENOTCONN), or the kernel refused the entry.
+                if res != -libc::ENOTCONN && res != -libc::ECANCELED {
+                    tracing::warn!(error = %io::Error::from_raw_os_error(-res), qid, "a ring entry ended");
+                }
+                a.live -= 1;
+                counters.entries.fetch_sub(1, Ordering::Relaxed);
+                if a.live == 0 {
+                    slots[slot] = None;
+                }
+                continue;
+            }
+            a.conn.wire.ring_requests.fetch_add(1, Ordering::Relaxed);
+            let fd = a.conn.file.as_raw_fd();
+            let Some(entry) = a.entries.get_mut(idx) else { continue };
+            // None: a deferred write, answered through the mailbox once durable.
+            if let Some(commit_id) = handle(&a.conn, entry, ud, mailbox) {
+                todo.push(command(fd, CMD_COMMIT_AND_FETCH, qid, commit_id, entry.iov.as_ptr(), ud));
+            }
+        }
+    }
+}
+
+/// Makes `depth` entries for `conn` and queues their registration.
+fn register(
+    slots: &mut Vec<Option<Attached>>,
+    conn: Arc<Conn>,
+    depth: usize,
+    qid: u16,
+    todo: &mut Vec<squeue::Entry128>,
+) -> io::Result<usize> {
+    let slot = slots.iter().position(Option::is_none).unwrap_or_else(|| {
+        slots.push(None);
+        slots.len() - 1
+    });
+    let mut entries = Vec::with_capacity(depth);
+    for _ in 0..depth {
+        let mut mem = Memory::new(ENTRY)?;
+        let base = mem.bytes().as_mut_ptr();
+        let iov = [
+            libc::iovec { iov_base: base.cast(), iov_len: HEADER },
+            // SAFETY: HEADER < ENTRY, inside the mapping.
+            libc::iovec { iov_base: unsafe { base.add(HEADER) }.cast(), iov_len: PAYLOAD },
+        ];
+        entries.push(Entry { mem, iov });
+    }
+    let fd = conn.file.as_raw_fd();
+    for (i, e) in entries.iter().enumerate() {
+        todo.push(command(fd, CMD_REGISTER, qid, 0, e.iov.as_ptr(), user_data(slot, i)));
+    }
+    slots[slot] = Some(Attached { conn, entries, live: depth });
+    Ok(depth)
+}
+
+/// Sets `ring_ent_in_out` for a reply: flags, commit_id, payload_sz, padding, reserved.
+fn set_ent(buf: &mut [u8], unique: u64, payload: usize) {
+    buf[ENT..ENT + 8].fill(0);
+    buf[ENT + 8..ENT + 16].copy_from_slice(&unique.to_ne_bytes());
+    buf[ENT + 16..ENT + 20].copy_from_slice(&(payload as u32).to_ne_bytes());
+}
+
+/// Serves the request in `entry` (registered as `ud`) and leaves the reply there; returns the
+/// commit id (the request's `unique`). A WRITE to a log is not answered here: its bytes join
+/// the log's next batch, and the reply comes through `mailbox` once they are durable (None).
+fn handle(conn: &Conn, entry: &mut Entry, ud: u64, mailbox: &Mailbox) -> Option<u64> {
+    let buf = entry.mem.bytes();
+    let mut inh = [0u8; IN_HEADER];
+    inh.copy_from_slice(&buf[..IN_HEADER]);
+    let unique = u64_at(&inh, 8);
+    let in_len = u32_at(&inh, 0) as usize;
+    let payload = (u32_at(buf, ENT + 16) as usize).min(PAYLOAD);
+    if u32_at(&inh, 4) == OP_WRITE {
+        let mut head = [0u8; IN_HEADER + 40];
+        head[..IN_HEADER].copy_from_slice(&inh);
+        head[IN_HEADER..].copy_from_slice(&buf[IN_OUT..IN_OUT + 40]);
+        if let Some(w) = WriteRequest::parse(&head, &buf[HEADER..HEADER + payload]) {
+            let m = mailbox.clone();
+            let deferred = conn.fs.write_deferred(
+                w.ino,
+                w.fh,
+                w.offset,
+                w.flags,
+                w.data,
+                Box::new(move |result| m.send(Msg::Reply { ud, unique, result })),
+            );
+            if deferred {
+                return None;
+            }
+        }
+    }
+    // The operation's own header: what the request holds beyond its header and payload.
+    let op = in_len.saturating_sub(IN_HEADER + payload).min(OP_IN);
+    // Rebuild the request as `/dev/fuse` delivers it (header, operation header, payload),
+    // ending where the payload ends; without a payload, 16 bytes short of the payload
+    // buffer, so that the reply can be written with its data in place.
+    let end = if payload == 0 { HEADER - OUT_HEADER } else { HEADER };
+    let start = end - op - IN_HEADER;
+    buf.copy_within(IN_OUT..IN_OUT + op, end - op);
+    buf[start..start + IN_HEADER].copy_from_slice(&inh);
+    let total = (IN_HEADER + op + payload) as u32;
+    buf[start..start + 4].copy_from_slice(&total.to_ne_bytes());
+    // The reply goes after the request.
+    let at = if payload == 0 { HEADER - OUT_HEADER } else { (HEADER + payload + 7) & !7 };
+    let (req, rest) = buf.split_at_mut(at);
+    let cap = rest.len();
+    let served = (|| {
+        let reader = Reader::from_fuse_buffer(FuseBuf::new(&mut req[start..end + payload])).ok()?;
+        // A buffered writer over `rest`: fuse-backend-rs then writes every reply into
+        // memory, and writes it to the descriptor only on `commit`, which, with no descriptor
+        // (-1), fails after the reply is in place.
+        let mut w = FuseDevWriter::<()>::new(-1, rest).ok()?;
+        let w = w.split_at(0).ok()?;
+        let _ = conn.server.handle_message(reader, w.into(), None, None);
+        Some(())
+    })();
+    let out_len = u32_at(&buf[at..], 0) as usize;
+    let replied = served.is_some()
+        && u64_at(&buf[at..], 8) == unique
+        && (OUT_HEADER..=cap.min(OUT_HEADER + PAYLOAD)).contains(&out_len);
+    let data = if replied { out_len - OUT_HEADER } else { 0 };
+    let mut out = [0u8; OUT_HEADER];
+    if replied {
+        out.copy_from_slice(&buf[at..at + OUT_HEADER]);
+        if at + OUT_HEADER != HEADER {
+            buf.copy_within(at + OUT_HEADER..at + OUT_HEADER + data, HEADER);
+        }
+    } else {
+        out[0..4].copy_from_slice(&(OUT_HEADER as u32).to_ne_bytes());
+        out[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
+        out[8..16].copy_from_slice(&unique.to_ne_bytes());
+    }
+    buf[..OUT_HEADER].copy_from_slice(&out);
+    set_ent(buf, unique, data);
+    Some(unique)
+}
