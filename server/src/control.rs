@@ -305,7 +305,9 @@ pub fn clean_dead_views() -> Vec<PathBuf> {
         .filter_map(|l| l.split(' ').nth(4))
         .map(|m| PathBuf::from(m.replace("\\040", " ")))
         .filter(|m| m.starts_with(DEFAULT_VIEW_ROOT))
-        .filter(|m| matches!(rustix::fs::statfs(m), Err(rustix::io::Errno::NOTCONN)))
+        .filter(|m| {
+            matches!(rustix::fs::statfs(m), Err(rustix::io::Errno::NOTCONN | rustix::io::Errno::CONNABORTED))
+        })
         .collect();
     dead.sort();
     dead.dedup();

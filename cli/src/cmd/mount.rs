@@ -57,9 +57,20 @@ pub struct Args {
 }
 
 /// True when `path` is the mount point of a mount whose server is gone. (`statfs` always
-/// reaches the server; a `stat` of the root may be answered from the kernel's cache.)
+/// reaches the server; a `stat` of the root may be answered from the kernel's cache.) A
+/// connection being torn down answers ECONNABORTED until it is gone, and ENOTCONN after; any
+/// other failure is asked again for a second before the mount is taken as alive.
 fn dead_mount(path: &Path) -> bool {
-    matches!(rustix::fs::statfs(path), Err(rustix::io::Errno::NOTCONN))
+    use rustix::io::Errno;
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    loop {
+        match rustix::fs::statfs(path) {
+            Err(Errno::NOTCONN | Errno::CONNABORTED) => return true,
+            Ok(_) | Err(Errno::NOENT | Errno::NOTDIR | Errno::ACCESS) => return false,
+            Err(_) if std::time::Instant::now() >= until => return false,
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(50)),
+        }
+    }
 }
 
 fn is_mount_point(path: &Path) -> bool {

@@ -122,7 +122,7 @@ fn mount(ctx: &Path) -> Check {
     check(
         "mount",
         match rustix::fs::statfs(ctx) {
-            Err(rustix::io::Errno::NOTCONN) => Err((
+            Err(rustix::io::Errno::NOTCONN | rustix::io::Errno::CONNABORTED) => Err((
                 format!("{} is a dead mount (its daemon is gone)", ctx.display()),
                 format!("umount -l {0}; then ctx mount {0}", ctx.display()),
             )),
@@ -145,7 +145,9 @@ fn dead_views() -> Check {
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
         .filter(|m| m.starts_with(runtime::VIEW_ROOT))
-        .filter(|m| matches!(rustix::fs::statfs(*m), Err(rustix::io::Errno::NOTCONN)))
+        .filter(|m| {
+            matches!(rustix::fs::statfs(*m), Err(rustix::io::Errno::NOTCONN | rustix::io::Errno::CONNABORTED))
+        })
         .map(str::to_owned)
         .collect();
     check(

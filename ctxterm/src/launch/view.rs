@@ -74,7 +74,7 @@ pub fn writable(path: &Path, agent: &str, session: &str) -> std::result::Result<
 pub fn remove(control: &Path, path: &Path) {
     let _ = call(control, &ControlRequest::Rm { path: path.display().to_string() });
     // A view of a daemon that is gone is no one's to remove but ours.
-    if matches!(rustix::fs::statfs(path), Err(rustix::io::Errno::NOTCONN)) {
+    if matches!(rustix::fs::statfs(path), Err(rustix::io::Errno::NOTCONN | rustix::io::Errno::CONNABORTED)) {
         let _ = rustix::mount::unmount(path, rustix::mount::UnmountFlags::DETACH);
     }
     let _ = std::fs::remove_dir(path);
