@@ -44,7 +44,8 @@ pub const DEFAULT_MAX_LINE: usize = 1 << 20;
 /// Which commit path to use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Engine {
-    /// The measured default for this machine kind (see `bench/README.md`).
+    /// The measured default for this machine kind: the portable path, which io_uring does not
+    /// beat across the board (level at 64 appenders, behind alone; see `bench/README.md`).
     #[default]
     Auto,
     /// pwrite + fsetxattr + fsync.
