@@ -2,12 +2,14 @@
 //!
 //! Mounts the host view plus N agent views of one storage in this process, all served by one
 //! thread pool (as `ctx mount` does), touches every view, and reports the thread count and the
-//! resident memory growth per view. Needs root and /dev/fuse. `CORTEXFS_BENCH_VIEWS` sets N
-//! (default 1000).
+//! resident memory growth per view, once per transport (`/dev/fuse` pool, then FUSE over
+//! io_uring when the kernel offers it). Needs root and /dev/fuse. `CORTEXFS_BENCH_VIEWS` sets
+//! N (default 1000).
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use server::transport::Transport;
 use server::transport::pool::Pool;
 use server::{Config, CtxFs, ViewSpec};
 
@@ -39,17 +41,39 @@ fn main() {
     std::fs::write(storage.join("agent/coder.d/label"), b"coder_t\n").expect("label");
     std::fs::write(storage.join("agent/coder.d/policy"), b"allow coder_t tool:hello execute\n")
         .expect("policy");
-    let pool = Pool::new(cores).expect("pool");
-    let host_mnt = dir.path().join("host");
+    println!(
+        "| transport | views | serving threads | process threads | limit (2 x cores + 4) | RSS growth per view | mappings per view | create | touch all |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for transport in [Transport::Dev, Transport::Uring] {
+        match Pool::with_transport(cores, transport) {
+            Ok(pool) => {
+                run(&pool, transport, n, cores, dir.path(), &config);
+                pool.shutdown();
+            }
+            Err(e) => println!("| {}: not run ({e}) | | | | | | | | |", transport.name()),
+        }
+    }
+}
+
+fn mappings() -> usize {
+    std::fs::read_to_string("/proc/self/maps").map_or(0, |m| m.lines().count())
+}
+
+fn run(pool: &Pool, transport: Transport, n: usize, cores: usize, dir: &std::path::Path, config: &Config) {
+    let dir = dir.join(transport.name());
+    std::fs::create_dir(&dir).expect("dir");
+    let host_mnt = dir.join("host");
     std::fs::create_dir(&host_mnt).expect("mnt");
     let host = pool.mount(Arc::new(CtxFs::new(config.clone()).expect("fs")), &host_mnt).expect("mount");
     let _ = std::fs::read(host_mnt.join("status"));
     let threads0 = status_field("Threads:");
     let rss0 = status_field("VmRSS:");
+    let maps0 = mappings();
     let t = Instant::now();
     let mut views = Vec::with_capacity(n);
     for i in 0..n {
-        let p = dir.path().join(format!("v{i}"));
+        let p = dir.join(format!("v{i}"));
         std::fs::create_dir(&p).expect("view dir");
         let spec = ViewSpec {
             agent: "coder".into(),
@@ -68,17 +92,24 @@ fn main() {
         let _ = std::fs::read_dir(p.join("tool")).expect("tool/").count();
     }
     let touched = t.elapsed();
+    for (_, p) in &views {
+        let st = std::fs::read_to_string(p.join("status")).expect("status");
+        assert!(
+            st.lines().any(|l| l == format!("transport {}", transport.name())),
+            "{} serves its view: {st}",
+            transport.name()
+        );
+    }
     let threads = status_field("Threads:");
     let rss = status_field("VmRSS:");
+    let maps = mappings();
     println!(
-        "| views | serving threads | process threads | limit (2 x cores + 4) | RSS growth per view | create | touch all |"
-    );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
-    println!(
-        "| {n} | {} | {threads} (was {threads0}) | {} | {:.1} KiB | {:.2} ms/view | {:.2} ms/view |",
+        "| {} | {n} | {} | {threads} (was {threads0}) | {} | {:.1} KiB | {:.1} | {:.2} ms/view | {:.2} ms/view |",
+        transport.name(),
         pool.threads(),
         2 * cores + 4,
         (rss.saturating_sub(rss0)) as f64 / n as f64,
+        maps.saturating_sub(maps0) as f64 / n as f64,
         created.as_secs_f64() * 1e3 / n as f64,
         touched.as_secs_f64() * 1e3 / n as f64
     );
@@ -86,5 +117,4 @@ fn main() {
         pool.unmount(a).expect("unmount view");
     }
     pool.unmount(host).expect("unmount");
-    pool.shutdown();
 }
