@@ -4,7 +4,10 @@
 //! descriptor with one epoll instance, one-shot: a worker that wakes for a connection reads one
 //! request, re-arms it (so another worker can take that connection's next request at once), and
 //! handles the request with the connection's own `Server`. So a thousand views cost a thousand
-//! descriptors and a little memory each, not a thousand threads.
+//! descriptors and a little memory each, not a thousand threads. The two busy connections (the
+//! host view and its data connection) have two threads each that block in `read` instead, so
+//! that their requests cost a `read` and a `writev`, without the epoll calls; with FUSE over
+//! io_uring the rings serve them, and the pool only what still comes by `/dev/fuse`.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -26,6 +29,9 @@ use crate::CtxFs;
 
 /// Largest request: 1 MiB of data plus headers (the mount's max_read is 1 MiB + 4 KiB).
 const BUF: usize = (1 << 20) + 8192;
+/// Threads of their own for each busy connection (the host view and its data connection)
+/// served by `/dev/fuse`.
+const BUSY_READERS: usize = 2;
 /// The token of the wake-up eventfd.
 const WAKE: u64 = 0;
 
@@ -111,6 +117,62 @@ fn rearm(inner: &Inner, conn: &Conn, token: u64) {
     }
 }
 
+/// Serves one request read from `conn` (`req`), replying through `wbuf`.
+fn serve_one(inner: &Inner, conn: &Arc<Conn>, req: &mut [u8], wbuf: &mut [u8]) {
+    conn.wire.dev_requests.fetch_add(1, Ordering::Relaxed);
+    let opcode = |r: &[u8]| (r.len() >= 8).then(|| u32::from_ne_bytes([r[4], r[5], r[6], r[7]]));
+    if let (Some(load), Some(rings)) = (conn.ring, &inner.rings)
+        && opcode(req) == Some(uring::OP_INIT)
+    {
+        init(conn, rings, load, req, wbuf);
+        return;
+    }
+    if opcode(req) == Some(uring::OP_WRITE) && deferred_write(conn, req) {
+        return;
+    }
+    let reader = match Reader::from_fuse_buffer(FuseBuf::new(req)) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(error = %e, "bad request buffer");
+            return;
+        }
+    };
+    let writer = match FuseDevWriter::<()>::new(conn.file.as_raw_fd(), wbuf) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(error = %e, "bad reply buffer");
+            return;
+        }
+    };
+    if let Err(e) = conn.server.handle_message(reader, writer.into(), None, None) {
+        tracing::debug!(error = %e, "request failed");
+    }
+}
+
+/// A thread of its own for a busy connection served by `/dev/fuse`: blocking reads, so a
+/// request costs a `read` and a `writev` and no epoll call. Ends when the connection does.
+fn reader(inner: &Inner, conn: &Arc<Conn>, token: u64) {
+    let mut rbuf = vec![0u8; BUF];
+    let mut wbuf = vec![0u8; BUF];
+    loop {
+        let n = match rustix::io::read(&conn.file, &mut rbuf) {
+            Ok(n) => n,
+            Err(rustix::io::Errno::INTR | rustix::io::Errno::NOENT | rustix::io::Errno::AGAIN) => continue,
+            Err(rustix::io::Errno::NODEV) => {
+                if let Ok(mut c) = inner.conns.write() {
+                    c.remove(&token);
+                }
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, token, "reading /dev/fuse failed");
+                return;
+            }
+        };
+        serve_one(inner, conn, &mut rbuf[..n], &mut wbuf);
+    }
+}
+
 fn worker(inner: &Inner) {
     let mut rbuf = vec![0u8; BUF];
     let mut wbuf = vec![0u8; BUF];
@@ -157,37 +219,7 @@ fn worker(inner: &Inner) {
                 rearm(inner, &conn, token);
             }
             let Some(n) = n else { continue };
-            conn.wire.dev_requests.fetch_add(1, Ordering::Relaxed);
-            if let (Some(load), Some(rings)) = (conn.ring, &inner.rings)
-                && n >= 8
-                && u32::from_ne_bytes([rbuf[4], rbuf[5], rbuf[6], rbuf[7]]) == uring::OP_INIT
-            {
-                init(&conn, rings, load, &mut rbuf[..n], &mut wbuf);
-                continue;
-            }
-            if u32::from_ne_bytes([rbuf[4], rbuf[5], rbuf[6], rbuf[7]]) == uring::OP_WRITE
-                && deferred_write(&conn, &rbuf[..n])
-            {
-                continue;
-            }
-            let reader = match Reader::from_fuse_buffer(FuseBuf::new(&mut rbuf[..n])) {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::warn!(error = %e, "bad request buffer");
-                    continue;
-                }
-            };
-            let writer =
-                match FuseDevWriter::<()>::new(std::os::fd::AsRawFd::as_raw_fd(&conn.file), &mut wbuf) {
-                    Ok(w) => w,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "bad reply buffer");
-                        continue;
-                    }
-                };
-            if let Err(e) = conn.server.handle_message(reader, writer.into(), None, None) {
-                tracing::debug!(error = %e, "request failed");
-            }
+            serve_one(inner, &conn, &mut rbuf[..n], &mut wbuf);
         }
     }
 }
@@ -346,12 +378,23 @@ impl Pool {
             .write()
             .map_err(|_| io::Error::other("connection table poisoned"))?
             .insert(token, Arc::clone(&conn));
-        epoll::add(
-            &self.inner.epoll,
-            conn.file.as_fd(),
-            EventData::new_u64(token),
-            EventFlags::IN | EventFlags::ONESHOT,
-        )?;
+        if load == Load::Busy && self.inner.rings.is_none() {
+            // Served by `/dev/fuse` alone and busy: threads of its own, blocking in `read`.
+            rustix::fs::fcntl_setfl(&conn.file, rustix::fs::OFlags::empty())?;
+            for i in 0..BUSY_READERS {
+                let (inner, conn) = (Arc::clone(&self.inner), Arc::clone(&conn));
+                std::thread::Builder::new()
+                    .name(format!("fuse-{token}.{i}"))
+                    .spawn(move || reader(&inner, &conn, token))?;
+            }
+        } else {
+            epoll::add(
+                &self.inner.epoll,
+                conn.file.as_fd(),
+                EventData::new_u64(token),
+                EventFlags::IN | EventFlags::ONESHOT,
+            )?;
+        }
         Ok(Attached { token, session, mountpoint: mountpoint.to_path_buf() })
     }
 

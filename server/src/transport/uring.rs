@@ -378,6 +378,13 @@ fn serve(
     counters: &Counters,
 ) {
     let wake = &*mailbox.wake;
+    // On the queue's own CPU, as the kernel hands this queue the requests of callers running
+    // there: serving one is then a switch on that CPU, not a wake-up across CPUs.
+    let mut cpu = rustix::thread::CpuSet::new();
+    cpu.set(usize::from(qid));
+    if let Err(e) = rustix::thread::sched_setaffinity(None, &cpu) {
+        tracing::debug!(error = %e, qid, "cannot keep a ring thread on its queue's CPU");
+    }
     let mut slots: Vec<Option<Attached>> = Vec::new();
     let mut wake_buf = [0u8; 8];
     let mut todo: Vec<squeue::Entry128> = Vec::new();
