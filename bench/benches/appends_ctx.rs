@@ -16,6 +16,7 @@
 //! share), and p50/p99 latency with p99 against one `fdatasync` alone (p50). `CORTEXFS_BENCH_WRITERS` sets the writer count.
 //! Needs root and /dev/fuse; prints "not run" otherwise.
 
+use bench::record;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -28,17 +29,6 @@ use server::transport::pool::Pool;
 use server::{Config, CtxFs};
 
 const LOG: &str = "home/0/agent/bench/session/s/events.jsonl";
-
-fn record(w: usize, i: usize) -> Vec<u8> {
-    let mut r = format!(
-        "{{\"ts\":\"2026-06-22T12:00:00Z\",\"type\":\"tool.call\",\"agent\":\"bench\",\"writer\":{w},\"i\":{i},\"pad\":\""
-    );
-    while r.len() < 198 {
-        r.push('x');
-    }
-    r.push_str("\"}\n");
-    r.into_bytes()
-}
 
 fn now_ms() -> u128 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis())

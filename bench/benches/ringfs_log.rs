@@ -10,6 +10,7 @@
 //! `CORTEXFS_BENCH_SECS` sets the time per cell (default 2); `CORTEXFS_BENCH_APPENDERS` (e.g.
 //! `16,64`) the rows.
 
+use bench::record;
 use std::fs::File;
 use std::io::Write;
 use std::path::Path;
@@ -17,17 +18,6 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use ringfs::log::{AppendLog, Engine, Options};
-
-fn record(t: usize, i: usize) -> Vec<u8> {
-    let mut r = format!(
-        "{{\"ts\":\"2026-06-22T12:00:00Z\",\"type\":\"tool.call\",\"agent\":\"coder\",\"thread\":{t},\"i\":{i},\"pad\":\""
-    );
-    while r.len() < 198 {
-        r.push('x');
-    }
-    r.push_str("\"}\n");
-    r.into_bytes()
-}
 
 struct Cell {
     records: u64,

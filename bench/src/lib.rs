@@ -89,3 +89,15 @@ impl Drop for Mounted {
         let _ = Command::new("umount").arg("-l").arg(&self.mnt).stderr(Stdio::null()).status();
     }
 }
+
+/// A 200-byte JSON line, as a session's event: writer `w`'s record `i`.
+pub fn record(w: usize, i: usize) -> Vec<u8> {
+    let mut r = format!(
+        "{{\"ts\":\"2026-06-22T12:00:00Z\",\"type\":\"tool.call\",\"agent\":\"coder\",\"thread\":{w},\"i\":{i},\"pad\":\""
+    );
+    while r.len() < 198 {
+        r.push('x');
+    }
+    r.push_str("\"}\n");
+    r.into_bytes()
+}
