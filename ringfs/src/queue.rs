@@ -324,8 +324,12 @@ impl Queue {
         rustix::fs::unlinkat(fd, job, AtFlags::empty())
     }
 
-    /// Whether `pending/job` opens and holds the same bytes as `job` in the claim directory
-    /// `fd` (each read up to 1 MiB, a bound no request reaches).
+    /// Whether `pending/` lists `job` and it holds the same bytes as `job` in the claim
+    /// directory `fd` (each read up to 1 MiB, a bound no request reaches): then it is a second
+    /// copy. A name that opens but is not listed is not: a network filesystem's client can
+    /// still resolve a file under the name it was just moved from (GlusterFS does, with the
+    /// same inode, the name missing from the directory's listing), and that name leads to the
+    /// claim's copy itself.
     fn same_request(&self, fd: &OwnedFd, job: &str) -> bool {
         const BOUND: u64 = 1 << 20;
         let read = |dir: &OwnedFd| -> Option<Vec<u8>> {
@@ -340,7 +344,8 @@ impl Queue {
             File::from(f).take(BOUND).read_to_end(&mut v).ok()?;
             Some(v)
         };
-        matches!((read(fd), read(&self.dirs[PENDING])), (Some(a), Some(b)) if a == b)
+        let listed = self.pending().is_ok_and(|names| names.iter().any(|n| n == job));
+        listed && matches!((read(fd), read(&self.dirs[PENDING])), (Some(a), Some(b)) if a == b)
     }
 
     /// Whether this filesystem refused `RENAME_NOREPLACE`, so that moves check and rename
