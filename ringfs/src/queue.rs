@@ -324,6 +324,11 @@ impl Queue {
         rustix::fs::unlinkat(fd, job, AtFlags::empty())
     }
 
+    /// Whether a listing of `pending/` shows `job`.
+    fn listed_pending(&self, job: &str) -> bool {
+        self.pending().is_ok_and(|names| names.iter().any(|n| n == job))
+    }
+
     /// Whether `pending/` lists `job` and it holds the same bytes as `job` in the claim
     /// directory `fd` (each read up to 1 MiB, a bound no request reaches): then it is a second
     /// copy. A name that opens but is not listed is not: a network filesystem's client can
@@ -344,8 +349,8 @@ impl Queue {
             File::from(f).take(BOUND).read_to_end(&mut v).ok()?;
             Some(v)
         };
-        let listed = self.pending().is_ok_and(|names| names.iter().any(|n| n == job));
-        listed && matches!((read(fd), read(&self.dirs[PENDING])), (Some(a), Some(b)) if a == b)
+        self.listed_pending(job)
+            && matches!((read(fd), read(&self.dirs[PENDING])), (Some(a), Some(b)) if a == b)
     }
 
     /// Whether this filesystem refused `RENAME_NOREPLACE`, so that moves check and rename
@@ -830,18 +835,25 @@ impl Queue {
             match policy {
                 _ if terminal || pending => {}
                 Policy::Requeue => {
-                    match self.requeue(&fd, job) {
+                    let mut requeued = self.requeue(&fd, job);
+                    if requeued == Err(Errno::EXIST) && !self.listed_pending(job) {
+                        // A name the filesystem resolves but does not list: a network
+                        // filesystem's client can go on resolving the name a request was moved
+                        // from to the request itself, under its new name (GlusterFS does, for
+                        // as long as the file lives, which here is the claim's copy). Removing
+                        // the name clears it (the volume has no such name: ENOENT); then the
+                        // requeue can take it.
+                        let _ = rustix::fs::unlinkat(&self.dirs[PENDING], job, AtFlags::empty());
+                        requeued = self.requeue(&fd, job);
+                    }
+                    match requeued {
                         Ok(()) => r.requeued.push(job.to_owned()),
-                        // pending/ shows the job too. A crash between a requeue's link and
-                        // unlink leaves that, but so does a lookup a client answered from its
-                        // cache (a create is refused on a name the kernel's lookup finds): the
-                        // claim's copy may be the only one, so it is kept, and the next
-                        // recovery tries again.
-                        // When pending/'s copy opens and holds the same request, it is the job
-                        // and the claim's copy is the stale one (a crash between a move's two
-                        // names, or a power cut that kept one directory's change and not the
-                        // other's).
+                        // pending/ lists the job too, with the same request: it is the job, and
+                        // the claim's copy is the stale one (a crash between a move's two names,
+                        // or a power cut that kept one directory's change and not the other's).
                         Err(Errno::EXIST) if self.same_request(&fd, job) => stale(r)?,
+                        // Anything else: the claim's copy may be the only one, so it is kept,
+                        // and the next recovery tries again.
                         Err(Errno::EXIST) => {
                             r.deferred.push(format!("{job}: pending/ shows it too; claimed/{fenced} kept"));
                             return Ok(());
