@@ -26,7 +26,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -116,7 +116,7 @@ const ENTRY: usize = HEADER + PAYLOAD + SLACK;
 pub const RINGS_PER_QUEUE: usize = 2;
 /// Entries per ring of a busy connection.
 pub const BUSY_DEPTH: usize = 16;
-/// Entries of the waker's read, in `user_data`.
+/// The `user_data` of the wake-up eventfd's read.
 const WAKE: u64 = u64::MAX;
 
 /// Whether this kernel offers FUSE over io_uring to new connections
@@ -178,13 +178,6 @@ pub enum Load {
     Idle,
 }
 
-/// Counters of the rings.
-#[derive(Debug, Default)]
-pub struct Counters {
-    /// Entries registered and not yet ended.
-    pub entries: AtomicU64,
-}
-
 enum Msg {
     Attach(Arc<Conn>, Load),
     /// The reply to a deferred WRITE held in entry `ud`, now that it is durable (or failed).
@@ -218,19 +211,17 @@ struct Ring {
 /// The rings: [`RINGS_PER_QUEUE`] serving threads per queue.
 pub struct Rings {
     rings: Vec<Ring>,
-    counters: Arc<Counters>,
 }
 
 impl std::fmt::Debug for Rings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Rings").field("rings", &self.rings.len()).field("counters", &self.counters).finish()
+        f.debug_struct("Rings").field("rings", &self.rings.len()).finish()
     }
 }
 
 impl Rings {
     /// Starts the serving threads, after checking that io_uring can carry FUSE commands here.
     pub fn new() -> io::Result<Rings> {
-        let counters = Arc::new(Counters::default());
         let mut rings = Vec::new();
         for qid in 0..queues() {
             for k in 0..RINGS_PER_QUEUE {
@@ -239,20 +230,14 @@ impl Rings {
                 let (tx, rx) = channel();
                 let mailbox = Mailbox { tx, wake };
                 let qid = u16::try_from(qid).map_err(|_| io::Error::other("too many CPUs"))?;
-                let c = Arc::clone(&counters);
                 let own = mailbox.clone();
                 let thread = std::thread::Builder::new()
                     .name(format!("fuse-ring-{qid}.{k}"))
-                    .spawn(move || serve(ring, qid, k, &rx, &own, &c))?;
+                    .spawn(move || serve(ring, qid, k, &rx, &own))?;
                 rings.push(Ring { mailbox: Mutex::new(mailbox), thread: Some(thread) });
             }
         }
-        Ok(Rings { rings, counters })
-    }
-
-    /// The counters.
-    pub fn counters(&self) -> &Arc<Counters> {
-        &self.counters
+        Ok(Rings { rings })
     }
 
     /// Registers `conn`'s entries (after its INIT reply accepted the transport).
@@ -375,7 +360,6 @@ fn serve(
     k: usize,
     rx: &Receiver<Msg>,
     mailbox: &Mailbox,
-    counters: &Counters,
 ) {
     let wake = &*mailbox.wake;
     // On the queue's own CPU, as the kernel hands this queue the requests of callers running
@@ -397,7 +381,7 @@ fn serve(
         )
     };
     todo.push(arm_wake(&mut wake_buf));
-    let stopping = AtomicBool::new(false);
+    let mut stopping = false;
     loop {
         for e in todo.drain(..) {
             // SAFETY: every buffer an entry names stays valid until its completion: the waker's
@@ -410,7 +394,7 @@ fn serve(
                 }
             }
         }
-        if stopping.load(Ordering::Relaxed) {
+        if stopping {
             // Dropping the ring cancels the commands it still holds; their entries are freed
             // after it (`slots` is dropped last).
             drop(ring);
@@ -431,7 +415,7 @@ fn serve(
             if ud == WAKE {
                 while let Ok(m) = rx.try_recv() {
                     match m {
-                        Msg::Stop => stopping.store(true, Ordering::Relaxed),
+                        Msg::Stop => stopping = true,
                         Msg::Reply { ud, unique, result } => {
                             let (slot, idx) = ((ud >> 16) as usize, (ud & 0xffff) as usize);
                             if let Some(Some(a)) = slots.get_mut(slot)
@@ -456,11 +440,8 @@ fn serve(
                         }
                         Msg::Attach(conn, load) => {
                             let depth = if load == Load::Busy { BUSY_DEPTH } else { 1 };
-                            match register(&mut slots, conn, depth, qid, &mut todo) {
-                                Ok(n) => {
-                                    counters.entries.fetch_add(n as u64, Ordering::Relaxed);
-                                }
-                                Err(e) => tracing::warn!(error = %e, qid, k, "cannot make ring entries"),
+                            if let Err(e) = register(&mut slots, conn, depth, qid, &mut todo) {
+                                tracing::warn!(error = %e, qid, k, "cannot make ring entries");
                             }
                         }
                     }
@@ -484,7 +465,6 @@ fn serve(
                     tracing::warn!(error = %io::Error::from_raw_os_error(-res), qid, "a ring entry ended");
                 }
                 a.live -= 1;
-                counters.entries.fetch_sub(1, Ordering::Relaxed);
                 if a.live == 0 {
                     slots[slot] = None;
                 }
@@ -508,7 +488,7 @@ fn register(
     depth: usize,
     qid: u16,
     todo: &mut Vec<squeue::Entry128>,
-) -> io::Result<usize> {
+) -> io::Result<()> {
     let slot = slots.iter().position(Option::is_none).unwrap_or_else(|| {
         slots.push(None);
         slots.len() - 1
@@ -529,7 +509,7 @@ fn register(
         todo.push(command(fd, CMD_REGISTER, qid, 0, e.iov.as_ptr(), user_data(slot, i)));
     }
     slots[slot] = Some(Attached { conn, entries, live: depth });
-    Ok(depth)
+    Ok(())
 }
 
 /// Sets `ring_ent_in_out` for a reply: flags, commit_id, payload_sz, padding, reserved.
