@@ -52,16 +52,9 @@ enum Command {
     /// Create, list and remove agent views (root; through the daemon's control socket).
     #[command(subcommand)]
     View(cmd::view::Cmd),
-    /// Type one line into an agent's terminal (as `ctx agent send`).
-    Send {
-        /// The agent.
-        name: String,
-        /// The session.
-        #[arg(long, default_value = "default")]
-        session: String,
-        /// The line.
-        text: String,
-    },
+    /// Send a user turn to an agent through its socket (agent/NAME.sock); --wait prints the
+    /// answer, --json the frames.
+    Send(cmd::send::Args),
     /// Install the default layout, the core tools and tsh into storage (idempotent).
     Bootstrap(cmd::bootstrap::Args),
     /// Read a manual: the installed copy under /ctx/shared/cortexfs-docs, else the built-in one.
@@ -140,9 +133,7 @@ fn main() -> ExitCode {
         Command::Uninstall(a) => cmd::package::uninstall(a),
         Command::Queue(c) => cmd::queue::run(c),
         Command::View(c) => cmd::view::run(c),
-        Command::Send { name, session, text } => {
-            ctxterm::launch::terminal::send(&name, &session, &text).map_err(exit::launch)
-        }
+        Command::Send(a) => cmd::send::run(a),
         Command::Bootstrap(a) => cmd::bootstrap::run(a),
         Command::Doctor(a) => cmd::doctor::run(a),
         Command::Man(a) => cmd::man::run(a),

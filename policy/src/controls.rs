@@ -79,6 +79,9 @@ const AGENT_HOST: &[&str] = &[
     // seconds (one number; empty for none).
     "limits",
     "timeout",
+    // The hosted CLI that runs the turns sent to the agent's socket (codex, claude, pi), or
+    // empty for the agent's own executable.
+    "profile",
 ];
 const MODEL_HOST: &[&str] =
     &["name", "id", "driver", "default", "fallback", "cap", "effort", "session", "policy", "description"];

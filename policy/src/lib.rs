@@ -20,6 +20,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod asock;
 pub mod attenuate;
 pub mod authority;
 pub mod controls;

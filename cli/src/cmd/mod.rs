@@ -13,6 +13,7 @@ pub mod package;
 pub mod path;
 pub mod policy;
 pub mod queue;
+pub mod send;
 pub mod session;
 pub mod tool;
 pub mod view;

@@ -363,6 +363,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     server::control::listen(&a.control, Arc::clone(&views)).map_err(|e| {
         Exit::new(exit::UNAVAILABLE, format!("cannot listen on {}: {e}", a.control.display()))
     })?;
+    let storage = std::fs::canonicalize(&a.source).unwrap_or_else(|_| a.source.clone());
+    ctxterm::launch::asock::spawn(mp, &storage, &a.control).map_err(|e| {
+        Exit::new(
+            exit::UNAVAILABLE,
+            format!("cannot serve agent sockets beside {}: {e}", a.control.display()),
+        )
+    })?;
     stop_when_unmounted(mp.clone())
         .map_err(|e| Exit::new(exit::INTERNAL, format!("cannot watch the mount table: {e}")))?;
     tracing::info!(storage = %a.source.display(), mountpoint = %mp.display(), threads, transport, "serving /ctx");

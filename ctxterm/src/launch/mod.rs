@@ -27,6 +27,7 @@
 //! Every step fails with its own variant of [`Error`], which carries its exit code.
 
 pub mod agents;
+pub mod asock;
 pub mod binds;
 pub mod cgroups;
 pub mod contract;

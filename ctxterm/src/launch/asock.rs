@@ -1,0 +1,778 @@
+//! The agent socket (`agent/<name>.sock`, [`policy::asock`]): how programs drive an agent.
+//!
+//! The daemon serves one listening socket per agent object in its storage, at
+//! `<runtime>/agent/<name>.sock` beside its control socket, and keeps the object's
+//! `agent/<name>.sock` in the storage a symlink to it, so `/ctx/agent/<name>.sock` reaches it
+//! (spec §11a: "may be a symlink to a runtime path"). A client writes JSONL requests and
+//! reads frames back; the first frame names the protocol's version.
+//!
+//! Who may connect: root; the agent's owner (the uid in `agent/<name>.d/owner`); and a uid
+//! that is another agent's whose policy allows `agent:<name> write`. Everyone else is refused
+//! with `EACCES` before any request is read (the peer's credentials, `SO_PEERCRED`).
+//!
+//! A `send` is a user turn. It is appended to the session's `messages.jsonl` (durable) before
+//! the `start` frame, then runs as `ctx agent start NAME --headless` with the input on the
+//! command's standard input: the agent's `profile` control names the hosted CLI (`codex`,
+//! `claude`, `pi`), which runs its own headless mode and resumes its own conversation of the
+//! session, or the absolute path (in the sandbox) of a runtime of the agent's own; with none,
+//! or `tsh`, the turn is lines of tool calls run by tsh. The command's output
+//! comes back as `delta` frames (standard output) and `progress` frames (standard error); when
+//! it ends, its output is appended as the assistant message, `latest.md` is rewritten, and
+//! `message` and `done` frames follow. A turn is run once per client `id`: sending the id
+//! again follows the run, or replays its recorded answer; a turn whose user message was
+//! recorded but whose answer was not (everything killed mid-turn) is run again and answered
+//! once.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+
+use policy::asock::{self, Refusal, Request, Scope};
+use policy::runtime;
+use policy::v0::{Class, Permission, Policy, Query};
+use serde_json::{Value, json};
+
+use super::session;
+
+/// Most bytes of a turn's output kept for its answer (the rest still streams).
+const ANSWER_MAX: usize = 4 << 20;
+/// Most connections served at once, over all agents.
+const CONNECTIONS_MAX: usize = 256;
+/// The file in a session that names the hosted CLI's own conversation of it.
+pub const CLI_SESSION: &str = "cli_session";
+
+/// Where the daemon whose control socket is `control` keeps agent sockets.
+pub fn socket_dir(control: &Path) -> PathBuf {
+    control.parent().unwrap_or(Path::new(runtime::RUN_ROOT)).join("agent")
+}
+
+/// A run started through a socket, and its frames so far.
+struct Turn {
+    agent: String,
+    session: String,
+    state: Mutex<TurnState>,
+    changed: Condvar,
+}
+
+struct TurnState {
+    frames: Vec<Value>,
+    done: bool,
+    cancelled: bool,
+    child: Option<u32>,
+}
+
+impl Turn {
+    fn push(&self, frame: Value) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.frames.push(frame);
+        self.changed.notify_all();
+    }
+
+    fn finish(&self, frame: Value) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.frames.push(frame);
+        s.done = true;
+        self.changed.notify_all();
+    }
+
+    /// Writes every frame of the turn to `out` as it comes, until its `done`; false when the
+    /// client went away (the turn goes on).
+    fn follow(&self, out: &mut impl Write) -> bool {
+        let mut next = 0;
+        loop {
+            let (frames, done) = {
+                let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                while s.frames.len() == next && !s.done {
+                    s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+                }
+                (s.frames[next..].to_vec(), s.done)
+            };
+            next += frames.len();
+            for f in frames {
+                if frame(out, &f).is_err() {
+                    return false;
+                }
+            }
+            if done && next == self.state.lock().unwrap_or_else(|e| e.into_inner()).frames.len() {
+                return true;
+            }
+        }
+    }
+}
+
+/// The agent sockets of one daemon.
+struct Server {
+    ctx: PathBuf,
+    storage: PathBuf,
+    control: PathBuf,
+    dir: PathBuf,
+    ctx_bin: PathBuf,
+    /// Runs by (agent, id).
+    turns: Mutex<HashMap<(String, String), Arc<Turn>>>,
+    /// The run of each (agent, session) that is running.
+    busy: Mutex<HashMap<(String, String), String>>,
+    connections: Mutex<usize>,
+}
+
+/// Serves the agent sockets of the storage `storage`, mounted at `ctx`, for the daemon whose
+/// control socket is `control`, on a thread of its own.
+pub fn spawn(ctx: &Path, storage: &Path, control: &Path) -> std::io::Result<()> {
+    let dir = socket_dir(control);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+    let server = Arc::new(Server {
+        ctx: ctx.to_path_buf(),
+        storage: storage.to_path_buf(),
+        control: control.to_path_buf(),
+        dir,
+        ctx_bin: std::env::current_exe()?,
+        turns: Mutex::new(HashMap::new()),
+        busy: Mutex::new(HashMap::new()),
+        connections: Mutex::new(0),
+    });
+    std::thread::Builder::new().name("agent-sockets".into()).spawn(move || server.listen())?;
+    Ok(())
+}
+
+/// The agent objects in `storage`: names with an executable and a control directory.
+fn agents(storage: &Path) -> Vec<String> {
+    let Ok(rd) = std::fs::read_dir(storage.join("agent")) else { return Vec::new() };
+    let mut v: Vec<String> = rd
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| policy::name::validate(n).is_ok())
+        .filter(|n| storage.join("agent").join(format!("{n}.d")).is_dir())
+        .collect();
+    v.sort();
+    v
+}
+
+impl Server {
+    fn socket(&self, agent: &str) -> PathBuf {
+        self.dir.join(format!("{agent}.sock"))
+    }
+
+    /// Keeps a listener per agent object, and the object's `.sock` symlink to it; accepts.
+    fn listen(self: Arc<Self>) {
+        let mut listeners: HashMap<String, UnixListener> = HashMap::new();
+        loop {
+            let now = agents(&self.storage);
+            listeners.retain(|name, _| {
+                let keep = now.contains(name);
+                if !keep {
+                    let _ = std::fs::remove_file(self.socket(name));
+                    let _ = std::fs::remove_file(self.storage.join("agent").join(format!("{name}.sock")));
+                }
+                keep
+            });
+            for name in now {
+                if listeners.contains_key(&name) {
+                    continue;
+                }
+                match self.bind(&name) {
+                    Ok(l) => {
+                        listeners.insert(name, l);
+                    }
+                    Err(e) => tracing::warn!("agent socket of {name}: {e}"),
+                }
+            }
+            let names: Vec<&String> = listeners.keys().collect();
+            let mut fds: Vec<rustix::event::PollFd<'_>> = names
+                .iter()
+                .map(|n| rustix::event::PollFd::new(&listeners[*n], rustix::event::PollFlags::IN))
+                .collect();
+            let timeout = rustix::event::Timespec { tv_sec: 1, tv_nsec: 0 };
+            if rustix::event::poll(&mut fds, Some(&timeout)).is_err() {
+                continue;
+            }
+            let ready: Vec<String> = fds
+                .iter()
+                .zip(&names)
+                .filter(|(f, _)| !f.revents().is_empty())
+                .map(|(_, n)| (*n).clone())
+                .collect();
+            drop(fds);
+            for name in ready {
+                let Ok((stream, _)) = listeners[&name].accept() else { continue };
+                let me = Arc::clone(&self);
+                {
+                    let mut n = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+                    if *n >= CONNECTIONS_MAX {
+                        let r = Refusal { code: "EAGAIN", message: "too many connections".into() };
+                        let _ = frame(&mut &stream, &asock::error(None, &r));
+                        continue;
+                    }
+                    *n += 1;
+                }
+                let spawned = std::thread::Builder::new().name(format!("asock-{name}")).spawn(move || {
+                    me.serve(&name, stream);
+                    *me.connections.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+                });
+                if spawned.is_err() {
+                    *self.connections.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+                }
+            }
+        }
+    }
+
+    fn bind(&self, name: &str) -> std::io::Result<UnixListener> {
+        let path = self.socket(name);
+        let _ = std::fs::remove_file(&path);
+        let l = UnixListener::bind(&path)?;
+        // Anyone may connect; who may drive the agent is decided by the peer's credentials.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
+        let link = self.storage.join("agent").join(format!("{name}.sock"));
+        if std::fs::read_link(&link).ok().as_deref() != Some(path.as_path()) {
+            let tmp = self.storage.join("agent").join(format!(".{name}.sock.{}", std::process::id()));
+            let _ = std::fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(&path, &tmp)?;
+            std::fs::rename(&tmp, &link)?;
+        }
+        Ok(l)
+    }
+
+    fn control(&self, agent: &str, name: &str) -> String {
+        let p = self.storage.join("agent").join(format!("{agent}.d")).join(name);
+        let mut s = String::new();
+        let _ = std::fs::File::open(p).and_then(|f| f.take(64 * 1024).read_to_string(&mut s));
+        s.trim().to_owned()
+    }
+
+    /// Whether `uid` may drive `agent`: root, its owner, or an agent of that uid whose policy
+    /// allows `agent:<agent> write`.
+    fn may_drive(&self, agent: &str, uid: u32) -> Result<(), Refusal> {
+        if uid == 0 || self.control(agent, "owner").parse::<u32>().ok() == Some(uid) {
+            return Ok(());
+        }
+        for other in agents(&self.storage) {
+            if self.control(&other, "uid").parse::<u32>().ok() != Some(uid) {
+                continue;
+            }
+            let label = self.control(&other, "label");
+            let Ok(p) = Policy::from_text(self.control(&other, "policy").as_bytes()) else { continue };
+            let q =
+                Query { subject: &label, class: Class::Agent, object: agent, permission: Permission::Write };
+            if p.allows(&q) {
+                return Ok(());
+            }
+        }
+        Err(Refusal {
+            code: "EACCES",
+            message: format!(
+                "uid {uid} may not drive agent {agent}: it is not its owner, and no agent of that uid is \
+                 allowed agent:{agent} write"
+            ),
+        })
+    }
+
+    fn serve(self: &Arc<Self>, agent: &str, stream: UnixStream) {
+        let uid = match rustix::net::sockopt::socket_peercred(&stream) {
+            Ok(c) => c.uid.as_raw(),
+            Err(_) => return,
+        };
+        let mut out = match stream.try_clone() {
+            Ok(s) => s,
+            Err(_) => return,
+        };
+        if let Err(r) = self.may_drive(agent, uid) {
+            let _ = frame(&mut out, &asock::error(None, &r));
+            return;
+        }
+        if frame(&mut out, &asock::hello(agent)).is_err() {
+            return;
+        }
+        let mut reader = BufReader::new(stream);
+        loop {
+            let mut line = Vec::new();
+            match (&mut reader).take(asock::FRAME_MAX as u64 + 1).read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            if line.last() != Some(&b'\n') && line.len() > asock::FRAME_MAX {
+                let r = Refusal {
+                    code: "EMSGSIZE",
+                    message: format!("a frame is at most {} bytes", asock::FRAME_MAX),
+                };
+                let _ = frame(&mut out, &asock::error(None, &r));
+                return;
+            }
+            while line.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+                line.pop();
+            }
+            if line.is_empty() {
+                continue;
+            }
+            let ok = match asock::parse(&line) {
+                Err(r) => frame(&mut out, &asock::error(None, &r)).is_ok(),
+                Ok(req) => self.request(agent, uid, req, &mut out),
+            };
+            if !ok {
+                return;
+            }
+        }
+    }
+
+    fn turn(&self, agent: &str, id: &str) -> Option<Arc<Turn>> {
+        self.turns.lock().unwrap_or_else(|e| e.into_inner()).get(&(agent.to_owned(), id.to_owned())).cloned()
+    }
+
+    /// Answers one request; false when the client went away.
+    fn request(self: &Arc<Self>, agent: &str, uid: u32, req: Request, out: &mut UnixStream) -> bool {
+        match req {
+            Request::Ping => frame(out, &json!({"type": "pong"})).is_ok(),
+            Request::Status { id } => {
+                let turns = self.turns.lock().unwrap_or_else(|e| e.into_inner());
+                let runs: Vec<Value> = turns
+                    .iter()
+                    .filter(|((a, i), _)| a == agent && id.as_ref().is_none_or(|id| id == i))
+                    .map(|((_, i), t)| {
+                        let s = t.state.lock().unwrap_or_else(|e| e.into_inner());
+                        let state = if !s.done {
+                            "running"
+                        } else {
+                            s.frames.last().and_then(|f| f["status"].as_str()).unwrap_or("done")
+                        };
+                        json!({"id": i, "session": t.session, "state": state})
+                    })
+                    .collect();
+                drop(turns);
+                if let Some(id) = &id
+                    && runs.is_empty()
+                {
+                    let r = Refusal { code: "ENOENT", message: format!("no run {id} through this socket") };
+                    return frame(out, &asock::error(Some(id), &r)).is_ok();
+                }
+                frame(out, &json!({"type": "status", "agent": agent, "runs": runs})).is_ok()
+            }
+            Request::Cancel { id } => {
+                let Some(t) = self.turn(agent, &id) else {
+                    let r = Refusal { code: "ENOENT", message: format!("no run {id} through this socket") };
+                    return frame(out, &asock::error(Some(&id), &r)).is_ok();
+                };
+                let running = {
+                    let mut s = t.state.lock().unwrap_or_else(|e| e.into_inner());
+                    if !s.done {
+                        s.cancelled = true;
+                    }
+                    !s.done
+                };
+                if running {
+                    let _ = super::stop(&t.agent, &t.session);
+                    if let Some(pid) = t.state.lock().unwrap_or_else(|e| e.into_inner()).child
+                        && let Some(p) = rustix::process::Pid::from_raw(pid as i32)
+                    {
+                        let _ = rustix::process::kill_process_group(p, rustix::process::Signal::TERM);
+                    }
+                }
+                frame(out, &json!({"type": "cancelling", "id": id, "running": running})).is_ok()
+                    && t.follow(out)
+            }
+            Request::Resume { session, after } => {
+                let Some(dir) = self.session_dir(agent, &session) else {
+                    let r = Refusal { code: "ENOENT", message: format!("agent {agent} has no uid") };
+                    return frame(out, &asock::error(None, &r)).is_ok();
+                };
+                let records = read_records(&dir);
+                for (n, r) in records.iter().enumerate().skip(after as usize) {
+                    if frame(out, &json!({"type": "record", "n": n + 1, "record": r})).is_err() {
+                        return false;
+                    }
+                }
+                let live = self
+                    .busy
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&(agent.to_owned(), session.clone()))
+                    .cloned();
+                if let Some(id) = &live
+                    && let Some(t) = self.turn(agent, id)
+                    && !t.follow(out)
+                {
+                    return false;
+                }
+                let n = read_records(&dir).len();
+                frame(out, &json!({"type": "resumed", "session": session, "records": n, "followed": live}))
+                    .is_ok()
+            }
+            Request::Send(s) => {
+                if let Some(t) = self.turn(agent, &s.id) {
+                    return t.follow(out);
+                }
+                match self.begin(agent, uid, s.clone()) {
+                    Ok(t) => t.follow(out),
+                    Err(r) => {
+                        frame(out, &asock::error(Some(&s.id), &r)).is_ok()
+                            && frame(out, &json!({"type": "done", "id": s.id, "status": "error"})).is_ok()
+                    }
+                }
+            }
+        }
+    }
+
+    fn session_dir(&self, agent: &str, session: &str) -> Option<PathBuf> {
+        let uid: u32 = self.control(agent, "uid").parse().ok()?;
+        Some(runtime::session_dir(&self.ctx, uid, agent, session))
+    }
+
+    /// Starts the turn `s` of `agent` for the caller `caller`, or replays its recorded answer.
+    fn begin(self: &Arc<Self>, agent: &str, caller: u32, s: asock::Send) -> Result<Arc<Turn>, Refusal> {
+        let refuse = |code: &'static str, message: String| Refusal { code, message };
+        if s.scope != Scope::Private {
+            return Err(refuse(
+                "ENOTSUP",
+                "this daemon runs socket turns on the agent's private sessions only".into(),
+            ));
+        }
+        if let Some(c) = &s.cwd {
+            use std::os::unix::fs::MetadataExt;
+            let m = std::fs::metadata(c).map_err(|e| refuse("ENOENT", format!("cwd {c}: {e}")))?;
+            if !m.is_dir() {
+                return Err(refuse("ENOTDIR", format!("cwd {c} is not a directory")));
+            }
+            if caller != 0 && m.uid() != caller {
+                return Err(refuse("EACCES", format!("cwd {c} is not the caller's (uid {caller}) to give")));
+            }
+        }
+        let uid: u32 = self
+            .control(agent, "uid")
+            .parse()
+            .map_err(|_| refuse("EINVAL", format!("agent/{agent}.d/uid is not a number")))?;
+        let gid: u32 = self.control(agent, "gid").parse().unwrap_or(uid);
+        let key = (agent.to_owned(), s.session.clone());
+        {
+            let mut busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(other) = busy.get(&key) {
+                return Err(refuse("EBUSY", format!("session {} is running {other}", s.session)));
+            }
+            busy.insert(key.clone(), s.id.clone());
+        }
+        let t = Arc::new(Turn {
+            agent: agent.to_owned(),
+            session: s.session.clone(),
+            state: Mutex::new(TurnState { frames: Vec::new(), done: false, cancelled: false, child: None }),
+            changed: Condvar::new(),
+        });
+        self.turns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((agent.to_owned(), s.id.clone()), Arc::clone(&t));
+        let me = Arc::clone(self);
+        let run = Arc::clone(&t);
+        let spawned = std::thread::Builder::new().name(format!("turn-{agent}")).spawn(move || {
+            let end = me.run(&run, uid, gid, caller, &s);
+            me.busy.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+            run.finish(end);
+        });
+        if let Err(e) = spawned {
+            self.busy
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&(agent.to_owned(), t.session.clone()));
+            return Err(refuse("EAGAIN", format!("cannot start the turn: {e}")));
+        }
+        Ok(t)
+    }
+
+    /// Runs the turn; returns its `done` frame.
+    fn run(&self, t: &Turn, uid: u32, gid: u32, caller: u32, s: &asock::Send) -> Value {
+        let fail = |code: &str, message: String| {
+            t.push(json!({"type": "error", "id": s.id, "code": code, "message": message}));
+            json!({"type": "done", "id": s.id, "status": "error"})
+        };
+        let agent = t.agent.as_str();
+        let cwd = if s.cwd.is_some() { "/workspace" } else { "/" };
+        if let Err(e) = session::prepare(&self.ctx, uid, gid, agent, &s.session, cwd) {
+            return fail("EIO", e.to_string());
+        }
+        let dir = runtime::session_dir(&self.ctx, uid, agent, &s.session);
+        let records = read_records(&dir);
+        let mine =
+            |role: &str| records.iter().find(|r| r["id"] == s.id.as_str() && r["role"] == role).cloned();
+        if let Some(answer) = mine("assistant") {
+            // Answered before: the same id is the same run.
+            t.push(json!({"type": "start", "id": s.id, "replayed": true}));
+            t.push(json!({"type": "message", "id": s.id, "role": "assistant", "content": answer["content"]}));
+            return json!({"type": "done", "id": s.id, "status": answer["status"].as_str().unwrap_or("ok"),
+                "replayed": true});
+        }
+        if mine("user").is_none() {
+            let user = json!({"ts": session::timestamp(), "role": "user", "id": s.id, "content": s.input,
+                "files": s.files, "from_uid": caller});
+            if let Err(e) = append(&dir, &user) {
+                return fail("EIO", format!("{}: {e}", dir.join("messages.jsonl").display()));
+            }
+        }
+        t.push(json!({"type": "start", "id": s.id, "session": s.session}));
+        let profile = self.control(agent, "profile").lines().next().unwrap_or("").trim().to_owned();
+        let prompt = prompt_of(s);
+        let (args, new_cli_session) = match cli_args(&profile, agent, &dir, &prompt) {
+            Ok(a) => a,
+            Err(m) => return fail("EINVAL", m),
+        };
+        let mut cmd = Command::new(&self.ctx_bin);
+        cmd.args(["agent", "start", agent, "--session", &s.session, "--headless", "--ctx"])
+            .arg(&self.ctx)
+            .arg("--control")
+            .arg(&self.control);
+        match &s.cwd {
+            Some(c) => cmd.arg("--cwd").arg(c),
+            None => cmd.arg("--no-default-workspace"),
+        };
+        if ["codex", "claude", "pi"].contains(&profile.as_str()) {
+            cmd.args(["--profile", &profile]);
+        }
+        cmd.arg("--").args(&args);
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => return fail("EAGAIN", format!("ctx agent start: {e}")),
+        };
+        t.state.lock().unwrap_or_else(|e| e.into_inner()).child = Some(child.id());
+        if let Some(mut i) = child.stdin.take() {
+            let input = if profile == "pi" { String::new() } else { prompt.clone() };
+            std::thread::spawn(move || {
+                let _ = i.write_all(input.as_bytes());
+            });
+        }
+        let err = child.stderr.take().map(|e| {
+            let id = s.id.clone();
+            let frames = Arc::new(Mutex::new(Vec::<Value>::new()));
+            let text = Arc::new(Mutex::new(String::new()));
+            let (f2, t2) = (Arc::clone(&frames), Arc::clone(&text));
+            let h = std::thread::spawn(move || {
+                chunks(e, |c| {
+                    let mut t = t2.lock().unwrap_or_else(|e| e.into_inner());
+                    if t.len() < ANSWER_MAX {
+                        t.push_str(c);
+                    }
+                    f2.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(json!({"type": "progress", "id": id, "text": c}));
+                });
+            });
+            (h, frames, text)
+        });
+        let mut answer = String::new();
+        if let Some(o) = child.stdout.take() {
+            chunks(o, |c| {
+                if let Some((_, frames, _)) = &err {
+                    for f in frames.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+                        t.push(f);
+                    }
+                }
+                if answer.len() < ANSWER_MAX {
+                    answer.push_str(c);
+                }
+                t.push(json!({"type": "delta", "id": s.id, "text": c}));
+            });
+        }
+        let status = child.wait().map(super::supervise::code_of).unwrap_or(70);
+        let mut stderr = String::new();
+        if let Some((h, frames, text)) = err {
+            let _ = h.join();
+            for f in frames.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+                t.push(f);
+            }
+            stderr = text.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        }
+        let cancelled = t.state.lock().unwrap_or_else(|e| e.into_inner()).cancelled;
+        let state = if cancelled {
+            "cancelled"
+        } else if status == 0 {
+            "ok"
+        } else {
+            "error"
+        };
+        if status == 0
+            && let Some(id) = new_cli_session.or_else(|| codex_session(&profile, &stderr))
+            && !dir.join(CLI_SESSION).exists()
+        {
+            let _ = std::fs::write(dir.join(CLI_SESSION), format!("{id}\n"));
+            let _ = rustix::fs::chown(
+                &dir.join(CLI_SESSION),
+                Some(rustix::fs::Uid::from_raw(uid)),
+                Some(rustix::fs::Gid::from_raw(gid)),
+            );
+        }
+        let content = answer.trim_end().to_owned();
+        let mut record = json!({"ts": session::timestamp(), "role": "assistant", "id": s.id,
+            "content": content, "status": state});
+        if status != 0 {
+            record["exit"] = json!(status);
+        }
+        if let Err(e) = append(&dir, &record) {
+            return fail("EIO", format!("{}: {e}", dir.join("messages.jsonl").display()));
+        }
+        let _ = session::rebuild_latest(&dir);
+        t.push(json!({"type": "message", "id": s.id, "role": "assistant", "content": content}));
+        if state == "error" {
+            let code = match status {
+                13 => "EACCES",
+                2 => "EINVAL",
+                69 => "EAGAIN",
+                _ => "EIO",
+            };
+            t.push(json!({"type": "error", "id": s.id, "code": code,
+                "message": format!("the run ended with status {status}")}));
+        }
+        json!({"type": "done", "id": s.id, "status": state, "exit": status})
+    }
+}
+
+/// The turn's text as the CLI is given it: the input, then the files it refers to.
+fn prompt_of(s: &asock::Send) -> String {
+    let mut p = s.input.clone();
+    if !s.files.is_empty() {
+        p.push_str("\n\nFiles:\n");
+        for f in &s.files {
+            p.push_str(&format!("- {f}\n"));
+        }
+    }
+    p
+}
+
+/// The arguments of a turn for the agent's profile, and the id of a CLI conversation this
+/// turn begins (to be recorded when it succeeds). The prompt comes on standard input, except
+/// for pi, which takes it as an argument.
+fn cli_args(
+    profile: &str,
+    agent: &str,
+    dir: &Path,
+    prompt: &str,
+) -> Result<(Vec<String>, Option<String>), String> {
+    let known =
+        std::fs::read_to_string(dir.join(CLI_SESSION)).ok().map(|s| s.trim().to_owned()).filter(|s| {
+            !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    let v = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    Ok(match profile {
+        "codex" => {
+            let base = ["--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox"];
+            match known {
+                Some(id) => (
+                    ["exec", "resume"]
+                        .iter()
+                        .chain(&base)
+                        .map(|s| (*s).to_owned())
+                        .chain([id, "-".into()])
+                        .collect(),
+                    None,
+                ),
+                None => (["exec"].iter().chain(&base).chain(&["-"]).map(|s| (*s).to_owned()).collect(), None),
+            }
+        }
+        "claude" => match known {
+            Some(id) => (v(&["-p", "--dangerously-skip-permissions", "--resume", &id]), None),
+            None => {
+                let id = uuid().map_err(|e| format!("a conversation id: {e}"))?;
+                (v(&["-p", "--dangerously-skip-permissions", "--session-id", &id]), Some(id))
+            }
+        },
+        "pi" => (v(&["-p", "--continue", prompt]), None),
+        // tsh: the turn is lines of tool calls.
+        "" | "tsh" => (Vec::new(), None),
+        // A runtime of the agent's own, by its path in the sandbox.
+        p if p.starts_with('/') && policy::path::check_absolute(p).is_ok() => (vec![p.to_owned()], None),
+        p => {
+            return Err(format!(
+                "agent/{agent}.d/profile: {p:?} is codex, claude, pi, tsh, or the absolute path of a runtime"
+            ));
+        }
+    })
+}
+
+/// The conversation id Codex names on its standard error (`session id: ...`).
+fn codex_session(profile: &str, stderr: &str) -> Option<String> {
+    if profile != "codex" {
+        return None;
+    }
+    stderr.lines().find_map(|l| l.trim().strip_prefix("session id:")).map(|s| s.trim().to_owned()).filter(
+        |s| !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'),
+    )
+}
+
+/// A random (version 4) UUID.
+fn uuid() -> std::io::Result<String> {
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    Ok(format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..]))
+}
+
+/// Reads `r` in pieces of text, handing each to `f` (a piece never splits a character).
+fn chunks(mut r: impl Read, mut f: impl FnMut(&str)) {
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut held = Vec::new();
+    loop {
+        let n = match r.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        held.extend_from_slice(&buf[..n]);
+        let cut = match std::str::from_utf8(&held) {
+            Ok(_) => held.len(),
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => held.len(),
+        };
+        if cut > 0 {
+            let piece: Vec<u8> = held.drain(..cut).collect();
+            f(&String::from_utf8_lossy(&piece));
+        }
+    }
+    if !held.is_empty() {
+        f(&String::from_utf8_lossy(&held));
+    }
+}
+
+/// The records of a session's `messages.jsonl` (lines that are JSON), bounded.
+fn read_records(dir: &Path) -> Vec<Value> {
+    let mut text = String::new();
+    let _ = std::fs::File::open(dir.join("messages.jsonl"))
+        .and_then(|f| f.take(64 << 20).read_to_string(&mut text));
+    text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+}
+
+/// Appends one record to a session's `messages.jsonl`: durable when it returns.
+fn append(dir: &Path, record: &Value) -> std::io::Result<()> {
+    let mut line = record.to_string();
+    line.push('\n');
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(dir.join("messages.jsonl"))
+        .and_then(|mut f| f.write_all(line.as_bytes()))
+}
+
+/// Writes one frame.
+fn frame(out: &mut impl Write, v: &Value) -> std::io::Result<()> {
+    let mut line = v.to_string();
+    line.push('\n');
+    out.write_all(line.as_bytes())
+}
+
+/// A client: connects to `socket`; returns the stream to write requests to, a reader of its
+/// frames, and the first frame (the hello, or the refusal that came instead).
+pub fn connect(socket: &Path) -> Result<(UnixStream, BufReader<UnixStream>, Value), String> {
+    let s = UnixStream::connect(socket).map_err(|e| format!("{}: {e}", socket.display()))?;
+    let mut r = BufReader::new(s.try_clone().map_err(|e| e.to_string())?);
+    let first =
+        read_frame(&mut r)?.ok_or_else(|| format!("{}: closed before its first frame", socket.display()))?;
+    Ok((s, r, first))
+}
+
+/// Reads one frame (bounded), `None` at the end of the stream.
+pub fn read_frame(r: &mut impl BufRead) -> Result<Option<Value>, String> {
+    let mut line = Vec::new();
+    let n = r.take(asock::FRAME_MAX as u64 + 1).read_until(b'\n', &mut line).map_err(|e| e.to_string())?;
+    if n == 0 {
+        return Ok(None);
+    }
+    serde_json::from_slice(&line).map(Some).map_err(|e| format!("a frame that is not JSON: {e}"))
+}
