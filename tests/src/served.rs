@@ -24,6 +24,8 @@ pub struct Served {
     pub dir: tempfile::TempDir,
     /// More arguments for `ctx mount`.
     pub args: Vec<String>,
+    /// Variables of the daemon's environment (its agent sockets' runs inherit them).
+    pub env: Vec<(String, String)>,
 }
 
 impl Served {
@@ -52,7 +54,7 @@ impl Served {
         fs::create_dir(&mnt).expect("mount point");
         let control = dir.path().join("control.sock");
         let args = args.iter().map(|a| (*a).to_owned()).collect();
-        Served { child: None, storage, mnt, control, dir, args }
+        Served { child: None, storage, mnt, control, dir, args, env: Vec::new() }
     }
 
     /// (Re)starts the daemon on the same storage and mount point.
@@ -61,6 +63,7 @@ impl Served {
             .args(["mount", "--source", &self.storage.to_string_lossy(), &self.mnt.to_string_lossy()])
             .args(["--control", &self.control.to_string_lossy()])
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()

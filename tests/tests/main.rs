@@ -7,6 +7,7 @@
 
 mod agent_life;
 mod agent_object;
+mod agent_socket;
 mod agent_start;
 mod faults;
 mod faults_fuse;

@@ -60,7 +60,9 @@ fn refused(name: &str, f: &Value) -> anyhow::Error {
     Exit::new(code_of(code), format!("agent {name}: {code}: {msg}")).into()
 }
 
-/// `ctx send NAME TEXT`.
+/// `ctx send NAME TEXT`. The exit code: 0 when the run ended well, the code of the refusal's
+/// or the run's error otherwise (13 `EACCES`, 2 `EINVAL`, 69 unavailable, 1 any other), 130
+/// when it was cancelled.
 pub fn run(a: Args) -> anyhow::Result<()> {
     let socket = a.ctx.join("agent").join(format!("{}.sock", a.name));
     let (mut w, mut r, hello) = asock::connect(&socket)
@@ -96,7 +98,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.json {
         writeln!(out, "{hello}")?;
     }
-    let mut answer = None;
+    let (mut answer, mut started, mut failed) = (None, false, None::<Value>);
     loop {
         let f = asock::read_frame(&mut r)
             .map_err(|e| Exit::new(exit::FAILURE, format!("agent {}: {e}", a.name)))?
@@ -107,12 +109,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             writeln!(out, "{f}")?;
         }
         match f["type"].as_str().unwrap_or("") {
-            "error" if f.get("id").is_none() => return Err(refused(&a.name, &f)),
-            "error" if !a.wait && !a.json => return Err(refused(&a.name, &f)),
+            // Refused before the run started: nothing ran.
+            "error" if !started => return Err(refused(&a.name, &f)),
+            "error" => failed = Some(f),
             "start" if !a.wait && !a.json => {
                 writeln!(out, "{id}")?;
                 return Ok(());
             }
+            "start" => started = true,
             "message" => answer = f["content"].as_str().map(str::to_owned),
             "done" => {
                 if a.wait
@@ -124,11 +128,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 return match f["status"].as_str() {
                     Some("ok") => Ok(()),
                     Some("cancelled") => Err(Exit::quiet(130).into()),
-                    _ => Err(Exit::new(
-                        exit::FAILURE,
-                        format!("agent {}: run {id} ended with an error", a.name),
-                    )
-                    .into()),
+                    _ => Err(match &failed {
+                        Some(f) => refused(&a.name, f),
+                        None => Exit::new(
+                            exit::FAILURE,
+                            format!("agent {}: run {id} ended with an error", a.name),
+                        )
+                        .into(),
+                    }),
                 };
             }
             _ => {}

@@ -595,7 +595,7 @@ impl Server {
         {
             let _ = std::fs::write(dir.join(CLI_SESSION), format!("{id}\n"));
             let _ = rustix::fs::chown(
-                &dir.join(CLI_SESSION),
+                dir.join(CLI_SESSION),
                 Some(rustix::fs::Uid::from_raw(uid)),
                 Some(rustix::fs::Gid::from_raw(gid)),
             );

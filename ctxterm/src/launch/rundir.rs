@@ -13,8 +13,16 @@ use policy::runtime;
 
 use super::{Contract, Error, Result};
 
+/// Whether `pid` runs: it exists and is not a zombie (a supervisor killed with its parent
+/// stays one until whoever inherited it reaps it, which may be never).
 fn alive(pid: i32) -> bool {
-    rustix::process::Pid::from_raw(pid).is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
+    let exists =
+        rustix::process::Pid::from_raw(pid).is_some_and(|p| rustix::process::test_kill_process(p).is_ok());
+    // /proc/PID/stat: "PID (COMM) STATE ...", COMM may hold anything but ends at the last ')'.
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()));
+    exists && !matches!(state, Some('Z' | 'X'))
 }
 
 /// The pid of the supervisor of the run whose directory is `run`, while it runs.

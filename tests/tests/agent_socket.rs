@@ -1,0 +1,302 @@
+//! The agent socket (`/ctx/agent/NAME.sock`) with real sandboxes: a client drives two agents at
+//! once (Codex against the scripted model endpoint, and a scripted runtime), each turn is
+//! recorded in `messages.jsonl` exactly once and survives kill -9 of everything but the
+//! storage, and a caller without the grant is refused.
+
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tests::model_endpoint::Endpoint;
+use tests::served::Served;
+
+/// The scripted runtime: answers the first line of its turn; a turn that starts with `wait`
+/// says so and waits for `/workspace/go` first.
+const RUNTIME: &str = "#!/bin/sh
+read -r line
+case \"$line\" in
+wait*) echo waiting; while [ ! -e /workspace/go ]; do sleep 0.1; done ;;
+esac
+echo \"ANSWER: $line\"
+";
+
+struct Host {
+    s: Served,
+    work: PathBuf,
+}
+
+fn ctx(args: &[&str], env: &[(&str, &Path)], input: &str) -> Output {
+    let mut c = Command::new(tests::bin("ctx"));
+    c.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let mut child = c.spawn().unwrap();
+    match child.stdin.take().unwrap().write_all(input.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        r => r.unwrap(),
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn ok(o: Output, what: &str) -> Output {
+    assert!(o.status.success(), "{what}: {}", tests::shown(&o));
+    o
+}
+
+/// A daemon with agent `sockcx` (Codex, its model the scripted endpoint `ep`) and agent
+/// `sockrt` (the scripted runtime), and a workspace holding `a.txt` and the runtime.
+fn host(ep: &Endpoint) -> Host {
+    let mut s = Served::unstarted(&[]);
+    let secrets = s.dir.path().join("secrets");
+    s.env.push(("CTX_SECRETS".into(), secrets.display().to_string()));
+    s.spawn();
+    let st = s.storage.to_str().unwrap().to_owned();
+    let env = [("CTX_SECRETS", secrets.as_path())];
+    ok(ctx(&["bootstrap", &st], &[], ""), "bootstrap");
+    let new = |name: &str, uid: &str, extra: &[&str]| {
+        let mut a = vec!["agent", "new", name, "--uid", uid, "--gid", uid, "--source", &st];
+        a.extend(extra);
+        ok(ctx(&a, &[], ""), "agent new");
+    };
+    new("sockcx", "1000", &["--tool", "fs.stat"]);
+    new("sockrt", "1001", &[]);
+    fs::write(s.storage.join("tool/fs.stat.d/policy"), "allow sockcx_t tool:fs.stat execute\n").unwrap();
+    let base = format!("http://127.0.0.1:{}/v1", ep.port);
+    let m = ["model", "add", "local/m1", "--api", "openai-responses", "--base-url", &base, "--id", "m-1"];
+    ok(ctx(&[&m[..], &["--source", &st]].concat(), &env, ""), "model add");
+    ok(ctx(&["model", "alias", "main", "local/m1", "--source", &st], &env, ""), "alias");
+    ok(ctx(&["agent", "grant", "sockcx", "model:main", "use", "--source", &st], &env, ""), "grant");
+    ok(ctx(&["secret", "set", "local"], &env, "sk-socket-key"), "secret");
+    fs::write(s.storage.join("agent/sockcx.d/profile"), "codex\n").unwrap();
+    fs::write(s.storage.join("agent/sockrt.d/profile"), "/workspace/rt.sh\n").unwrap();
+    let work = s.dir.path().join("work");
+    workspace(&work, 1000);
+    Host { s, work }
+}
+
+/// A workspace owned by `uid` with `a.txt` and the runtime.
+fn workspace(dir: &Path, uid: u32) {
+    fs::create_dir_all(dir).unwrap();
+    fs::write(dir.join("a.txt"), "hi\n").unwrap();
+    fs::write(dir.join("rt.sh"), RUNTIME).unwrap();
+    fs::set_permissions(dir.join("rt.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+    let id = |n| Some(rustix::fs::Uid::from_raw(n));
+    rustix::fs::chown(dir, id(uid), Some(rustix::fs::Gid::from_raw(uid))).unwrap();
+}
+
+/// A connection to an agent's socket.
+struct Client {
+    w: UnixStream,
+    r: BufReader<UnixStream>,
+    hello: Value,
+}
+
+impl Client {
+    fn to(h: &Host, agent: &str) -> Client {
+        let p = h.s.mnt.join(format!("agent/{agent}.sock"));
+        let t = Instant::now();
+        while fs::read_link(&p).is_err() {
+            assert!(t.elapsed() < Duration::from_secs(10), "{} did not appear", p.display());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let w = UnixStream::connect(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        w.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+        let mut c = Client { r: BufReader::new(w.try_clone().unwrap()), w, hello: Value::Null };
+        c.hello = c.next();
+        c
+    }
+
+    fn send(&mut self, v: Value) {
+        self.w.write_all(format!("{v}\n").as_bytes()).unwrap();
+    }
+
+    fn next(&mut self) -> Value {
+        let mut l = String::new();
+        assert!(self.r.read_line(&mut l).unwrap() > 0, "the socket closed");
+        serde_json::from_str(&l).unwrap_or_else(|e| panic!("{l:?}: {e}"))
+    }
+
+    /// Frames up to and including the first that `stop` accepts.
+    fn until(&mut self, stop: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let mut v = Vec::new();
+        loop {
+            let f = self.next();
+            let end = stop(&f);
+            v.push(f);
+            if end {
+                return v;
+            }
+        }
+    }
+}
+
+fn done(id: &str) -> impl Fn(&Value) -> bool + '_ {
+    move |f| f["type"] == "done" && f["id"] == id
+}
+
+fn records(h: &Host, uid: u32, agent: &str, s: &str) -> Vec<Value> {
+    let p = h.s.storage.join(format!("home/{uid}/agent/{agent}/session/{s}/messages.jsonl"));
+    fs::read_to_string(p).unwrap_or_default().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// How many records of `id` with `role` the session holds.
+fn count(r: &[Value], id: &str, role: &str) -> usize {
+    r.iter().filter(|v| v["id"] == id && v["role"] == role).count()
+}
+
+#[test]
+fn a_client_drives_two_agents_at_once_and_each_turn_is_recorded_once() {
+    let ep = Endpoint::start("tsh fs.stat /workspace/a.txt", "CHECKED");
+    let h = host(&ep);
+    let s = tests::unique("sk");
+    let cwd = h.work.display().to_string();
+    let mut cx = Client::to(&h, "sockcx");
+    assert_eq!(cx.hello["protocol"], "cortexfs.agent/1", "{}", cx.hello);
+    let mut rt = Client::to(&h, "sockrt");
+    // Both agents at once: the runtime's turn waits while Codex does a whole turn.
+    rt.send(json!({"op": "send", "id": "rt1", "session": s, "cwd": cwd, "input": "wait for it"}));
+    cx.send(json!({"op": "send", "id": "cx1", "session": s, "cwd": cwd, "input": "stat a.txt"}));
+    let f = rt.until(|f| f["type"] == "delta" && f["text"].as_str().unwrap_or("").contains("waiting"));
+    assert!(f.iter().any(|f| f["type"] == "start"), "{f:?}");
+    let f = cx.until(done("cx1"));
+    assert_eq!(f.last().unwrap()["status"], "ok", "{f:?}");
+    let answer = f.iter().find(|f| f["type"] == "message").unwrap();
+    assert!(answer["content"].as_str().unwrap().contains("CHECKED"), "{f:?}");
+    assert!(ep.seen().iter().all(|r| r.key.as_deref() == Some("sk-socket-key")));
+    // Status from another client, a second turn on the busy session refused, then a cancel.
+    let mut other = Client::to(&h, "sockrt");
+    other.send(json!({"op": "status", "id": "rt1"}));
+    let st = other.next();
+    assert_eq!(st["runs"][0]["state"], "running", "{st}");
+    other.send(json!({"op": "send", "id": "rt2", "session": s, "cwd": cwd, "input": "more"}));
+    let e = other.next();
+    assert_eq!((e["type"].as_str(), e["code"].as_str()), (Some("error"), Some("EBUSY")), "{e}");
+    other.until(done("rt2"));
+    other.send(json!({"op": "cancel", "id": "rt1"}));
+    let f = other.until(done("rt1"));
+    assert_eq!(f.last().unwrap()["status"], "cancelled", "{f:?}");
+    assert_eq!(rt.until(done("rt1")).last().unwrap()["status"], "cancelled");
+    other.send(json!({"op": "ping"}));
+    assert_eq!(other.next()["type"], "pong");
+    // Codex continues its own conversation of the session.
+    cx.send(json!({"op": "send", "id": "cx2", "session": s, "cwd": cwd, "input": "again"}));
+    assert_eq!(cx.until(done("cx2")).last().unwrap()["status"], "ok");
+    let last = ep.seen().last().unwrap().body.to_string();
+    assert!(
+        last.contains("stat a.txt") && last.contains("again"),
+        "the second turn carries the first: {last}"
+    );
+    // The same id again is the same run: replayed, not run.
+    let asked = ep.seen().len();
+    let mut again = Client::to(&h, "sockcx");
+    again.send(json!({"op": "send", "id": "cx1", "session": s, "cwd": cwd, "input": "stat a.txt"}));
+    let f = again.until(done("cx1"));
+    assert!(f.iter().any(|f| f["type"] == "message" && f["content"].as_str().unwrap().contains("CHECKED")));
+    assert_eq!(ep.seen().len(), asked, "nothing reached the model");
+    // Resume: the session's records after the ones a client has.
+    again.send(json!({"op": "resume", "session": s, "after": 1}));
+    let f = again.until(|f| f["type"] == "resumed");
+    assert_eq!(f.iter().filter(|f| f["type"] == "record").count(), 3, "{f:?}");
+    assert_eq!(f.last().unwrap()["records"], 4);
+    // Each turn and answer exactly once; latest.md is the last answer.
+    let r = records(&h, 1000, "sockcx", &s);
+    for id in ["cx1", "cx2"] {
+        assert_eq!((count(&r, id, "user"), count(&r, id, "assistant")), (1, 1), "{id}: {r:?}");
+    }
+    let r = records(&h, 1001, "sockrt", &s);
+    assert_eq!((count(&r, "rt1", "user"), count(&r, "rt1", "assistant"), r.len()), (1, 1, 2), "{r:?}");
+    let latest = h.s.storage.join(format!("home/1000/agent/sockcx/session/{s}/latest.md"));
+    assert!(fs::read_to_string(latest).unwrap().contains("CHECKED"));
+    // ctx send: --wait prints the answer.
+    let mnt = h.s.mnt.display().to_string();
+    let args = ["send", "sockrt", "hello", "--session", &s, "--cwd", &cwd, "--ctx", &mnt, "--wait"];
+    let o = ok(ctx(&args, &[], ""), "ctx send --wait");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "ANSWER: hello");
+    // A caller who is neither root, nor the agent's owner, nor an agent granted
+    // agent:sockrt write is refused before anything runs.
+    let as_uid = |uid: &str, args: &[&str]| {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid", uid, "--regid", uid, "--clear-groups"]).arg(tests::bin("ctx")).args(args);
+        c.output().unwrap()
+    };
+    let o = as_uid("4242", &["send", "sockrt", "hi", "--session", &s, "--ctx", &mnt, "--wait"]);
+    assert_eq!(o.status.code(), Some(13), "{}", tests::shown(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("EACCES"), "{}", tests::shown(&o));
+    assert_eq!(records(&h, 1001, "sockrt", &s).len(), 4, "nothing was recorded for the refused caller");
+    // Its owner may, with a workspace of its own.
+    fs::write(h.s.storage.join("agent/sockrt.d/owner"), "4242\n").unwrap();
+    let mine = h.s.dir.path().join("work4242");
+    workspace(&mine, 4242);
+    let m = mine.display().to_string();
+    let o =
+        as_uid("4242", &["send", "sockrt", "mine", "--session", &s, "--cwd", &m, "--ctx", &mnt, "--wait"]);
+    assert!(o.status.success(), "{}", tests::shown(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "ANSWER: mine");
+    // ... but not someone else's directory.
+    let o = as_uid("4242", &["send", "sockrt", "x", "--session", &s, "--cwd", &cwd, "--ctx", &mnt, "--wait"]);
+    assert_eq!(o.status.code(), Some(13), "{}", tests::shown(&o));
+}
+
+#[test]
+fn a_turn_survives_kill_9_of_everything_but_storage_and_is_answered_once() {
+    let ep = Endpoint::start("true", "unused");
+    let mut h = host(&ep);
+    let s = tests::unique("sz");
+    let cwd = h.work.display().to_string();
+    let mut rt = Client::to(&h, "sockrt");
+    rt.send(json!({"op": "send", "id": "k0", "session": s, "cwd": cwd, "input": "first"}));
+    assert_eq!(rt.until(done("k0")).last().unwrap()["status"], "ok");
+    rt.send(json!({"op": "send", "id": "k1", "session": s, "cwd": cwd, "input": "wait then answer"}));
+    rt.until(|f| f["type"] == "delta" && f["text"].as_str().unwrap_or("").contains("waiting"));
+    // Everything but the storage: the daemon, the run's ctx agent start, its supervisor and
+    // sandbox, all with kill -9.
+    let mut daemon = h.s.child.take().unwrap();
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    let _ = Command::new("pkill").args(["-9", "-f", &s]).status();
+    drop(rt);
+    let t = Instant::now();
+    while Command::new("pgrep").args(["-f", &s]).output().is_ok_and(|o| o.status.success()) {
+        assert!(t.elapsed() < Duration::from_secs(10), "the run's processes did not die");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = Command::new("umount").arg("-l").arg(&h.s.mnt).status();
+    assert_eq!(
+        count(&records(&h, 1001, "sockrt", &s), "k1", "user"),
+        1,
+        "the turn was recorded before it ran"
+    );
+    h.s.spawn();
+    fs::write(h.work.join("go"), "").unwrap();
+    let mut rt = Client::to(&h, "sockrt");
+    rt.send(json!({"op": "send", "id": "k1", "session": s, "cwd": cwd, "input": "wait then answer"}));
+    let f = rt.until(done("k1"));
+    assert_eq!(f.last().unwrap()["status"], "ok", "{f:?}");
+    // Sent again, to this daemon and to the next: the same run, answered from its record.
+    rt.send(json!({"op": "send", "id": "k1", "session": s, "cwd": cwd, "input": "wait then answer"}));
+    assert_eq!(rt.until(done("k1")).last().unwrap()["status"], "ok");
+    drop(rt);
+    h.s.stop();
+    let _ = Command::new("umount").arg("-l").arg(&h.s.mnt).status();
+    h.s.spawn();
+    let mut rt = Client::to(&h, "sockrt");
+    rt.send(json!({"op": "send", "id": "k1", "session": s, "cwd": cwd, "input": "wait then answer"}));
+    let f = rt.until(done("k1"));
+    assert_eq!(
+        (&f.last().unwrap()["status"], &f.last().unwrap()["replayed"]),
+        (&json!("ok"), &json!(true)),
+        "{f:?}"
+    );
+    let r = records(&h, 1001, "sockrt", &s);
+    for id in ["k0", "k1"] {
+        assert_eq!((count(&r, id, "user"), count(&r, id, "assistant")), (1, 1), "{id}: {r:?}");
+    }
+    assert_eq!(r.len(), 4, "{r:?}");
+    assert!(r[3]["content"].as_str().unwrap().contains("ANSWER: wait then answer"), "{r:?}");
+}
