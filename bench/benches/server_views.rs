@@ -80,6 +80,7 @@ fn run(pool: &Pool, transport: Transport, n: usize, cores: usize, dir: &std::pat
             session: format!("s{i}"),
             workspace: None,
             session_of: None,
+            space: None,
             records_only: false,
         };
         let fs = CtxFs::new(Config { view: Some(spec), ..config.clone() }).expect("fs");

@@ -49,6 +49,10 @@ enum Command {
     /// Publish, claim, finish and recover jobs of a file-native queue.
     #[command(subcommand)]
     Queue(cmd::queue::Cmd),
+    /// Create, list and remove shared spaces (tool/, data/, queue/, agent/ with an owner,
+    /// group and mode).
+    #[command(subcommand)]
+    Shared(cmd::shared::Cmd),
     /// Create, list and remove agent views (root; through the daemon's control socket).
     #[command(subcommand)]
     View(cmd::view::Cmd),
@@ -132,6 +136,7 @@ fn main() -> ExitCode {
         Command::Install(a) => cmd::package::install(a),
         Command::Uninstall(a) => cmd::package::uninstall(a),
         Command::Queue(c) => cmd::queue::run(c),
+        Command::Shared(c) => cmd::shared::run(c),
         Command::View(c) => cmd::view::run(c),
         Command::Send(a) => cmd::send::run(a),
         Command::Bootstrap(a) => cmd::bootstrap::run(a),

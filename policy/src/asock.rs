@@ -55,6 +55,8 @@ pub enum Request {
     Resume {
         /// The session.
         session: String,
+        /// The shared space the session is in, if it is not the agent's private one.
+        space: Option<String>,
         /// How many records of `messages.jsonl` the client already has.
         after: u64,
     },
@@ -177,7 +179,11 @@ pub fn parse(line: &[u8]) -> Result<Request, Refusal> {
                 None | Some(Value::Null) => 0,
                 Some(a) => a.as_u64().ok_or_else(|| refuse("EINVAL", "after is a record count"))?,
             };
-            Ok(Request::Resume { session: name(&v, "session", "default")?, after })
+            let space = match string(&v, "space")? {
+                Some(_) => Some(name(&v, "space", "")?),
+                None => None,
+            };
+            Ok(Request::Resume { session: name(&v, "session", "default")?, space, after })
         }
         "cancel" => {
             let id = string(&v, "id")?.ok_or_else(|| refuse("EINVAL", "cancel needs an id"))?;
@@ -223,7 +229,7 @@ mod tests {
         assert_eq!(parse(br#"{"op":"ping"}"#).unwrap(), Request::Ping);
         assert_eq!(
             parse(br#"{"op":"resume","session":"s","after":3}"#).unwrap(),
-            Request::Resume { session: "s".into(), after: 3 }
+            Request::Resume { session: "s".into(), space: None, after: 3 }
         );
         let code = |l: &[u8]| parse(l).unwrap_err().code;
         assert_eq!(code(br#"{"op":"fly"}"#), "EINVAL");

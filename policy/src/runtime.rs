@@ -43,6 +43,12 @@ pub fn session_path(uid: u32, agent: &str, session: &str) -> String {
     format!("home/{uid}/{}", session_in_home(agent, session))
 }
 
+/// A shared session's path relative to the root:
+/// `shared/<space>/agent/<agent>/session/<session>`.
+pub fn shared_session_path(space: &str, agent: &str, session: &str) -> String {
+    format!("shared/{space}/{}", session_in_home(agent, session))
+}
+
 /// A session's path relative to its uid's home: `agent/<agent>/session/<session>`.
 pub fn session_in_home(agent: &str, session: &str) -> String {
     format!("agent/{agent}/session/{session}")
@@ -89,6 +95,10 @@ pub enum ControlRequest {
         /// logs, and the run's own session directory (the command-less tsh path).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         records_only: bool,
+        /// The shared space the run's session is in
+        /// (`shared/<space>/agent/<agent>/session/<s>/`), when it is not in a home.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        space: Option<String>,
     },
     /// The views being served.
     Ls {},
@@ -163,7 +173,8 @@ mod tests {
                 path: None,
                 session_of: None,
                 workspace: None,
-                records_only: false
+                records_only: false,
+                space: None,
             })
         );
         assert_eq!(ControlRequest::parse(br#"{"op":"ls"}"#), Ok(ControlRequest::Ls {}));

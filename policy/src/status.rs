@@ -22,6 +22,8 @@ pub enum View {
         workspace: Option<PathBuf>,
         /// The agent whose session the run resumes, when not its own.
         session_of: Option<String>,
+        /// The shared space the session is in, when it is not in a home.
+        space: Option<String>,
     },
 }
 
@@ -40,11 +42,13 @@ pub fn view(status: &str) -> Result<View, String> {
     if let ["agent", name, "session", session] = w.as_slice() {
         let workspace = field(status, "workspace").map(PathBuf::from);
         let session_of = field(status, "session_of").map(str::to_owned);
+        let space = field(status, "session_space").map(str::to_owned);
         return Ok(View::Agent {
             name: (*name).to_owned(),
             session: (*session).to_owned(),
             workspace,
             session_of,
+            space,
         });
     }
     Err(format!("unexpected status line \"view {rest}\""))
@@ -63,12 +67,29 @@ mod tests {
                 name: "a".into(),
                 session: "s".into(),
                 workspace: Some("/workspace".into()),
-                session_of: None
+                session_of: None,
+                space: None,
             })
         );
         assert_eq!(
             view("view agent a session s\n"),
-            Ok(View::Agent { name: "a".into(), session: "s".into(), workspace: None, session_of: None })
+            Ok(View::Agent {
+                name: "a".into(),
+                session: "s".into(),
+                workspace: None,
+                session_of: None,
+                space: None
+            })
+        );
+        assert_eq!(
+            view("view agent a session s\nsession_space team\n"),
+            Ok(View::Agent {
+                name: "a".into(),
+                session: "s".into(),
+                workspace: None,
+                session_of: None,
+                space: Some("team".into())
+            })
         );
         assert!(view("version 1\n").is_err());
         assert!(view("view agent a\n").is_err());

@@ -100,6 +100,8 @@ impl Views {
         self.views.lock().map_or(0, |v| v.len())
     }
 
+    // The fields of a create request, each checked here.
+    #[allow(clippy::too_many_arguments)]
     fn create(
         &self,
         agent: &str,
@@ -108,6 +110,7 @@ impl Views {
         workspace: Option<&str>,
         session_of: Option<&str>,
         records_only: bool,
+        space: Option<&str>,
     ) -> Result<PathBuf, String> {
         policy::name::validate(agent).map_err(|e| format!("invalid agent name {agent:?}: {e}"))?;
         policy::name::validate(session).map_err(|e| format!("invalid session name {session:?}: {e}"))?;
@@ -156,11 +159,15 @@ impl Views {
         if let Some(o) = session_of {
             policy::name::validate(o).map_err(|e| format!("invalid agent name {o:?}: {e}"))?;
         }
+        if let Some(s) = space {
+            policy::name::validate(s).map_err(|e| format!("invalid shared space name {s:?}: {e}"))?;
+        }
         let spec = ViewSpec {
             agent: agent.to_owned(),
             session: session.to_owned(),
             workspace,
             session_of: session_of.map(str::to_owned),
+            space: space.map(str::to_owned),
             records_only,
         };
         let mut fs = CtxFs::new(Config { view: Some(spec.clone()), ..self.base.clone() })
@@ -217,20 +224,22 @@ impl Views {
 
     fn handle(&self, req: ControlRequest) -> ControlReply {
         let r = match req {
-            ControlRequest::Create { agent, session, path, workspace, session_of, records_only } => self
-                .create(
+            ControlRequest::Create { agent, session, path, workspace, session_of, records_only, space } => {
+                self.create(
                     &agent,
                     &session,
                     path.as_deref(),
                     workspace.as_deref(),
                     session_of.as_deref(),
                     records_only,
+                    space.as_deref(),
                 )
                 .map(|p| ControlReply {
                     ok: true,
                     path: Some(p.display().to_string()),
                     ..ControlReply::default()
-                }),
+                })
+            }
             ControlRequest::Rm { path } => {
                 self.remove(&path).map(|()| ControlReply { ok: true, ..ControlReply::default() })
             }

@@ -37,6 +37,9 @@ pub struct ViewSpec {
     /// The agent whose session the run resumes (`session_of` in `status`), when it is not
     /// the run's own; that session is the run's own to write.
     pub session_of: Option<String>,
+    /// The shared space the run's session is in (`session_space` in `status`):
+    /// `shared/<space>/agent/<agent>/session/<s>/` rather than a home's.
+    pub space: Option<String>,
     /// The view is read-only (EROFS) but for the run's records: appends to session and object
     /// logs, and the run's own session directory (`ctx records` in `status`).
     pub records_only: bool,

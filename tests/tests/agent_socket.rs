@@ -213,8 +213,13 @@ fn a_client_drives_two_agents_at_once_and_each_turn_is_recorded_once() {
     assert_eq!((count(&r, "rt1", "user"), count(&r, "rt1", "assistant"), r.len()), (1, 1, 2), "{r:?}");
     let latest = h.s.storage.join(format!("home/1000/agent/sockcx/session/{s}/latest.md"));
     assert!(fs::read_to_string(latest).unwrap().contains("CHECKED"));
-    // ctx send: --wait prints the answer.
+    // The records are what ctx agent history and output show.
     let mnt = h.s.mnt.display().to_string();
+    let o = ok(ctx(&["agent", "history", "sockcx", "--session", &s, "--ctx", &mnt], &[], ""), "history");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 4, "{}", tests::shown(&o));
+    let o = ok(ctx(&["agent", "output", "sockcx", "--session", &s, "--ctx", &mnt], &[], ""), "output");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("CHECKED"), "{}", tests::shown(&o));
+    // ctx send: --wait prints the answer.
     let args = ["send", "sockrt", "hello", "--session", &s, "--cwd", &cwd, "--ctx", &mnt, "--wait"];
     let o = ok(ctx(&args, &[], ""), "ctx send --wait");
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "ANSWER: hello");

@@ -22,6 +22,7 @@ mod package;
 mod policy_cli;
 mod posix;
 mod queue_race;
+mod shared_sessions;
 mod transport;
 mod tsh;
 mod uring_probe;

@@ -24,6 +24,8 @@ pub struct Agent {
     pub session: String,
     /// The agent whose session directory it is: the agent's own, or the one its run resumes.
     pub owner: String,
+    /// The shared space the session is in, when it is not in a home.
+    pub space: Option<String>,
 }
 
 /// Where the `CTX_PATH` in force came from.
@@ -62,9 +64,9 @@ pub struct Context {
 pub fn view_of(status: &str) -> Result<Option<Agent>, String> {
     match policy::status::view(status)? {
         policy::status::View::Host => Ok(None),
-        policy::status::View::Agent { name, session, session_of, .. } => {
+        policy::status::View::Agent { name, session, session_of, space, .. } => {
             let owner = session_of.unwrap_or_else(|| name.clone());
-            Ok(Some(Agent { name, session, owner }))
+            Ok(Some(Agent { name, session, owner, space }))
         }
     }
 }
@@ -153,7 +155,10 @@ impl Context {
     /// The session directory of the agent terminal, if any.
     pub fn session_dir(&self) -> Option<PathBuf> {
         let a = self.agent.as_ref()?;
-        Some(self.home.join(policy::runtime::session_in_home(&a.owner, &a.session)))
+        Some(match &a.space {
+            Some(space) => self.root.join(policy::runtime::shared_session_path(space, &a.owner, &a.session)),
+            None => self.home.join(policy::runtime::session_in_home(&a.owner, &a.session)),
+        })
     }
 
     /// How an object path is named in records: relative to `CTX_ROOT` when below it.
@@ -181,7 +186,12 @@ mod tests {
         assert_eq!(view_of("version 1\nview host\n"), Ok(None));
         assert_eq!(
             view_of("view agent coder session s1\nrequests 3\n"),
-            Ok(Some(Agent { name: "coder".into(), session: "s1".into(), owner: "coder".into() }))
+            Ok(Some(Agent {
+                name: "coder".into(),
+                session: "s1".into(),
+                owner: "coder".into(),
+                space: None
+            }))
         );
         assert!(view_of("view agent coder\n").is_err());
         assert!(view_of("hello\n").is_err());

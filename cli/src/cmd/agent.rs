@@ -212,6 +212,11 @@ pub struct StartArgs {
     /// must grant `session:OTHER/SESSION resume`, and both agents must share a uid).
     #[arg(long, value_name = "OTHER")]
     resume: Option<String>,
+    /// Keep the session in the shared space SPACE (`shared/SPACE/agent/NAME/session/S/`):
+    /// the policy must grant `shared:SPACE write` and Linux permissions must let the agent
+    /// write there. With --resume OTHER, run on OTHER's session in that space.
+    #[arg(long, value_name = "SPACE")]
+    shared: Option<String>,
     /// Stop the run after SECONDS (over agent/NAME.d/timeout); its session says so.
     #[arg(long, value_name = "SECONDS")]
     timeout: Option<u64>,
@@ -531,6 +536,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                     || (a.wait && !a.tty && !std::io::IsTerminal::is_terminal(&std::io::stdout())),
                 grace: a.grace,
                 resume: a.resume,
+                shared: a.shared,
                 timeout: a.timeout,
             };
             match launch::start(&start, &mut std::io::stdout()).map_err(exit::launch)? {

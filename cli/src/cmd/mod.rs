@@ -15,5 +15,6 @@ pub mod policy;
 pub mod queue;
 pub mod send;
 pub mod session;
+pub mod shared;
 pub mod tool;
 pub mod view;

@@ -253,6 +253,7 @@ fn run_virtiofs(a: &Args, socket: &Path) -> anyhow::Result<()> {
                 session: session.clone(),
                 workspace: None,
                 session_of: None,
+                space: None,
                 records_only: false,
             })
         }

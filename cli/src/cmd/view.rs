@@ -66,6 +66,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                     session_of: None,
                     workspace,
                     records_only: false,
+                    space: None,
                 },
             )?;
             out::line(r.path.unwrap_or_default())

@@ -372,8 +372,8 @@ impl Server {
                 frame(out, &json!({"type": "cancelling", "id": id, "running": running})).is_ok()
                     && t.follow(out)
             }
-            Request::Resume { session, after } => {
-                let Some(dir) = self.session_dir(agent, &session) else {
+            Request::Resume { session, space, after } => {
+                let Some(dir) = self.session_dir(agent, space.as_deref(), &session) else {
                     let r = Refusal { code: "ENOENT", message: format!("agent {agent} has no uid") };
                     return frame(out, &asock::error(None, &r)).is_ok();
                 };
@@ -414,7 +414,10 @@ impl Server {
         }
     }
 
-    fn session_dir(&self, agent: &str, session: &str) -> Option<PathBuf> {
+    fn session_dir(&self, agent: &str, space: Option<&str>, session: &str) -> Option<PathBuf> {
+        if let Some(space) = space {
+            return Some(self.ctx.join(runtime::shared_session_path(space, agent, session)));
+        }
         let uid: u32 = self.control(agent, "uid").parse().ok()?;
         Some(runtime::session_dir(&self.ctx, uid, agent, session))
     }
@@ -422,11 +425,8 @@ impl Server {
     /// Starts the turn `s` of `agent` for the caller `caller`, or replays its recorded answer.
     fn begin(self: &Arc<Self>, agent: &str, caller: u32, s: asock::Send) -> Result<Arc<Turn>, Refusal> {
         let refuse = |code: &'static str, message: String| Refusal { code, message };
-        if s.scope != Scope::Private {
-            return Err(refuse(
-                "ENOTSUP",
-                "this daemon runs socket turns on the agent's private sessions only".into(),
-            ));
+        if s.scope == Scope::Temp {
+            return Err(refuse("ENOTSUP", "temp sessions are not served by this release".into()));
         }
         if let Some(c) = &s.cwd {
             use std::os::unix::fs::MetadataExt;
@@ -443,6 +443,32 @@ impl Server {
             .parse()
             .map_err(|_| refuse("EINVAL", format!("agent/{agent}.d/uid is not a number")))?;
         let gid: u32 = self.control(agent, "gid").parse().unwrap_or(uid);
+        if let Some(space) = &s.space {
+            // Checked before anything is recorded there: the policy, the space, the mode bits.
+            let groups: Vec<u32> = self
+                .control(agent, "groups")
+                .split_ascii_whitespace()
+                .filter_map(|g| g.parse().ok())
+                .collect();
+            let label = self.control(agent, "label");
+            let policy = Policy::from_text(self.control(agent, "policy").as_bytes())
+                .map_err(|_| refuse("EINVAL", format!("agent/{agent}.d/policy does not parse")))?;
+            super::contract::shared_session_allowed(
+                &self.ctx,
+                agent,
+                space,
+                (&label, &policy),
+                (uid, gid, &groups),
+            )
+            .map_err(|e| {
+                let code = match e.code() {
+                    13 => "EACCES",
+                    2 => "EINVAL",
+                    _ => "ENOENT",
+                };
+                refuse(code, e.to_string())
+            })?;
+        }
         let key = (agent.to_owned(), s.session.clone());
         {
             let mut busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
@@ -486,10 +512,14 @@ impl Server {
         };
         let agent = t.agent.as_str();
         let cwd = if s.cwd.is_some() { "/workspace" } else { "/" };
-        if let Err(e) = session::prepare(&self.ctx, uid, gid, agent, &s.session, cwd) {
+        let dir = match &s.space {
+            Some(space) => self.ctx.join(runtime::shared_session_path(space, agent, &s.session)),
+            None => runtime::session_dir(&self.ctx, uid, agent, &s.session),
+        };
+        if let Err(e) = session::prepare(&self.ctx, &dir, uid, gid, s.space.is_some(), agent, &s.session, cwd)
+        {
             return fail("EIO", e.to_string());
         }
-        let dir = runtime::session_dir(&self.ctx, uid, agent, &s.session);
         let records = read_records(&dir);
         let mine =
             |role: &str| records.iter().find(|r| r["id"] == s.id.as_str() && r["role"] == role).cloned();
@@ -523,6 +553,9 @@ impl Server {
             Some(c) => cmd.arg("--cwd").arg(c),
             None => cmd.arg("--no-default-workspace"),
         };
+        if let Some(space) = &s.space {
+            cmd.args(["--shared", space]);
+        }
         if ["codex", "claude", "pi"].contains(&profile.as_str()) {
             cmd.args(["--profile", &profile]);
         }

@@ -66,6 +66,9 @@ pub struct Contract {
     pub grace: u64,
     /// The agent whose session this run resumes (`--resume`), when it is not the run's own.
     pub session_of: Option<String>,
+    /// The shared space the session is in (`--shared`): `shared/<space>/agent/<a>/session/<s>/`.
+    #[serde(default)]
+    pub space: Option<String>,
     /// The command starts once the first client connects (`start --wait` is that client).
     pub wait_client: bool,
     /// Resource ceilings (see `policy::limits`): memory in bytes, processes, CPU percent.
@@ -204,6 +207,8 @@ pub struct Start {
     pub no_ceilings: bool,
     /// Run the command on the caller's streams, without a PTY (with `wait`).
     pub headless: bool,
+    /// Run on a session in this shared space (`--shared SPACE`).
+    pub shared: Option<String>,
 }
 
 /// Whether pasta can give `uid` a network: pasta installed, `/dev/net/tun` present and open to
@@ -285,6 +290,9 @@ pub fn derive(s: &Start) -> Result<Contract> {
     let label = read_control(&s.ctx, &s.agent, "label")?.trim().to_owned();
     let policy = Policy::from_text(read_control(&s.ctx, &s.agent, "policy")?.as_bytes())
         .map_err(|_| invalid(format!("agent/{}.d/policy does not parse (ctx policy check)", s.agent)))?;
+    if let Some(space) = &s.shared {
+        shared_session_allowed(&s.ctx, &s.agent, space, (&label, &policy), (uid, gid, &groups))?;
+    }
     let granted = policy.allows(&Query {
         subject: &label,
         class: Class::Network,
@@ -480,7 +488,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
     let records_only = s.cmd.is_empty() && s.profile.as_deref().is_none_or(|p| p == "tsh");
     let limits = ceilings(s)?;
     let session_of = match &s.resume {
-        Some(owner) => Some(resumable(s, owner, &label, &policy, uid)?),
+        Some(owner) => Some(resumable(s, owner, &label, &policy, (uid, gid, &groups))?),
         None => None,
     };
     Ok(Contract {
@@ -501,6 +509,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
         control: s.control.clone(),
         grace: s.grace,
         session_of,
+        space: s.shared.clone(),
         wait_client: s.wait,
         memory: limits.memory,
         pids: limits.pids,
@@ -527,8 +536,16 @@ pub fn derive(s: &Start) -> Result<Contract> {
 
 /// Checks that the run of `s` may resume `owner`'s session: the agent's policy grants
 /// `session:<owner>/<session> resume`, the session exists, and Linux permissions let the
-/// agent write it (the owner's uid is the agent's). Returns the owner.
-fn resumable(s: &Start, owner: &str, label: &str, policy: &Policy, uid: u32) -> Result<String> {
+/// agent write it (in a home: the owner's uid is the agent's; in a shared space: the session
+/// directory's mode bits let the agent's uid, gid or groups write it). Returns the owner.
+fn resumable(
+    s: &Start,
+    owner: &str,
+    label: &str,
+    policy: &Policy,
+    ids: (u32, u32, &[u32]),
+) -> Result<String> {
+    let (uid, gid, groups) = ids;
     policy::name::validate(owner).map_err(|e| invalid(format!("--resume {owner:?}: {e}")))?;
     let object = format!("{owner}/{}", s.session);
     let q = Query { subject: label, class: Class::Session, object: &object, permission: Permission::Resume };
@@ -538,6 +555,17 @@ fn resumable(s: &Start, owner: &str, label: &str, policy: &Policy, uid: u32) -> 
             s.agent
         )));
     }
+    if let Some(space) = &s.shared {
+        let dir = s.ctx.join(runtime::shared_session_path(space, owner, &s.session));
+        if !dir.is_dir() {
+            return Err(Error::State(format!(
+                "agent {owner} has no session {} in shared/{space}",
+                s.session
+            )));
+        }
+        may_write(&dir, uid, gid, groups).map_err(Error::Denied)?;
+        return Ok(owner.to_owned());
+    }
     let owner_uid: u32 = read_control(&s.ctx, owner, "uid")?
         .trim()
         .parse()
@@ -545,7 +573,8 @@ fn resumable(s: &Start, owner: &str, label: &str, policy: &Policy, uid: u32) -> 
     if owner_uid != uid {
         return Err(Error::Denied(format!(
             "session {object} belongs to uid {owner_uid}, agent {} runs as {uid}: Linux permissions \
-                 would refuse its writes (give both agents one uid to share sessions)",
+                 would refuse its writes (give both agents one uid to share sessions, or share the \
+                 session in a shared space: --shared)",
             s.agent
         )));
     }
@@ -554,6 +583,57 @@ fn resumable(s: &Start, owner: &str, label: &str, policy: &Policy, uid: u32) -> 
         return Err(Error::State(format!("agent {owner} has no session {}", s.session)));
     }
     Ok(owner.to_owned())
+}
+
+/// Checks that a run of `agent` may keep its session in the shared space `space`: the agent's
+/// policy grants `shared:<space> write` (which is also what makes the space visible in its
+/// view), the space exists, and Linux permissions let the agent's identity create in it.
+pub fn shared_session_allowed(
+    ctx: &Path,
+    agent: &str,
+    space: &str,
+    authority: (&str, &Policy),
+    ids: (u32, u32, &[u32]),
+) -> Result<()> {
+    let ((label, policy), (uid, gid, groups)) = (authority, ids);
+    policy::name::validate(space).map_err(|e| invalid(format!("--shared {space:?}: {e}")))?;
+    let q = Query { subject: label, class: Class::Shared, object: space, permission: Permission::Write };
+    if !policy.allows(&q) {
+        return Err(Error::Denied(format!(
+            "agent/{agent}.d/policy does not allow {label} shared:{space} write"
+        )));
+    }
+    let root = ctx.join("shared").join(space);
+    if !root.is_dir() {
+        return Err(Error::State(format!("no shared space {space} (ctx shared new {space})")));
+    }
+    let agents = root.join("agent");
+    may_write(if agents.is_dir() { &agents } else { &root }, uid, gid, groups).map_err(Error::Denied)
+}
+
+/// Whether mode bits let `uid` (with `gid` and `groups`) create in the directory `dir`.
+pub fn may_write(dir: &Path, uid: u32, gid: u32, groups: &[u32]) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let bits = if uid == 0 {
+        0o7
+    } else if m.uid() == uid {
+        m.mode() >> 6
+    } else if m.gid() == gid || groups.contains(&m.gid()) {
+        m.mode() >> 3
+    } else {
+        m.mode()
+    };
+    if bits & 0o3 == 0o3 {
+        return Ok(());
+    }
+    Err(format!(
+        "Linux permissions: {} (mode {:o}, {}:{}) is not writable by uid {uid} gid {gid} groups {groups:?}",
+        dir.display(),
+        m.mode() & 0o7777,
+        m.uid(),
+        m.gid()
+    ))
 }
 
 /// The run's ceilings: the agent's `limits` (or the defaults), under the flags; none with
@@ -581,5 +661,16 @@ impl Contract {
     /// The agent whose session directory the run uses: its own, or the one it resumes.
     pub fn session_owner(&self) -> &str {
         self.session_of.as_deref().unwrap_or(&self.agent)
+    }
+
+    /// The run's session directory under `root` (`/ctx`, or the storage): in the session
+    /// owner's home, or in the shared space.
+    pub fn session_dir(&self, root: &Path) -> PathBuf {
+        match &self.space {
+            Some(space) => {
+                root.join(runtime::shared_session_path(space, self.session_owner(), &self.session))
+            }
+            None => runtime::session_dir(root, self.uid, self.session_owner(), &self.session),
+        }
     }
 }

@@ -35,6 +35,8 @@ pub struct Run {
     pub session: String,
     /// Its uid (its home holds the session).
     pub uid: u32,
+    /// Its session's directory under the host's /ctx.
+    pub dir: PathBuf,
     /// The host's /ctx mount.
     pub ctx: PathBuf,
     /// The daemon's control socket.
@@ -112,7 +114,7 @@ fn refuse(code: i32, error: impl Into<String>) -> Reply {
 
 impl Run {
     fn session_dir(&self) -> PathBuf {
-        policy::runtime::session_dir(&self.ctx, self.uid, &self.agent, &self.session)
+        self.dir.clone()
     }
 
     fn storage(&self) -> Option<String> {
@@ -235,6 +237,7 @@ impl Run {
             return refuse(1, format!("{}: {e}", dir.display()));
         }
         let started = supervise::start_owned(&Start {
+            shared: None,
             agent: child.to_owned(),
             session: session.clone(),
             cwd: self.workspace.clone(),

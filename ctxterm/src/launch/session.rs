@@ -43,18 +43,62 @@ pub fn prepare_home(ctx: &Path, uid: u32, gid: u32, agent: &str) -> Result<std::
     Ok(h)
 }
 
-/// Creates (or reopens) a session for a run, through the host mount `ctx`: every file of the
-/// layout, owned by the agent (`uid`, `gid`).
-pub fn prepare(ctx: &Path, uid: u32, gid: u32, agent: &str, session: &str, cwd: &str) -> Result<()> {
-    let d = runtime::session_dir(ctx, uid, agent, session);
-    std::fs::create_dir_all(d.join("context")).map_err(at(&d))?;
-    let own = |p: &Path| {
-        let _ =
-            rustix::fs::chown(p, Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(gid)));
+/// Creates (or reopens) the session directory `d` of a run of `agent`, through the host
+/// mount `ctx`: every file of the layout, owned by the agent (`uid`, `gid`). In a home, the
+/// directories up to the home are the agent's too. In a shared space (`shared`), what is made
+/// keeps the space's group (its directories are set-group-ID) and is open to that group
+/// (directories 2770, files 0660), so the agents the space's group admits share it.
+#[allow(clippy::too_many_arguments)]
+pub fn prepare(
+    ctx: &Path,
+    d: &Path,
+    uid: u32,
+    gid: u32,
+    shared: bool,
+    agent: &str,
+    session: &str,
+    cwd: &str,
+) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    // Up to the home (`home/<uid>`) or the space's `agent/` directory, exclusive.
+    let top = if shared {
+        d.ancestors().nth(3).map(Path::to_path_buf).unwrap_or_else(|| d.to_path_buf())
+    } else {
+        ctx.join("home").join(uid.to_string())
     };
-    let home = ctx.join("home").join(uid.to_string());
-    let mut up = d.clone();
-    while up.starts_with(&home) {
+    if shared {
+        std::fs::create_dir_all(&top).map_err(at(&top))?;
+    }
+    let group = match shared {
+        false => gid,
+        // The space's group, whoever made the directory.
+        true => std::fs::metadata(top.parent().unwrap_or(&top)).map_err(at(&top))?.gid(),
+    };
+    std::fs::create_dir_all(d.join("context")).map_err(at(d))?;
+    let own = |p: &Path| {
+        if shared {
+            // Made now (root's, through the host mount): the agent's, in the space's group.
+            // What another agent of the space made stays theirs.
+            if std::fs::symlink_metadata(p).is_ok_and(|m| m.uid() == 0 && !m.file_type().is_symlink()) {
+                use std::os::unix::fs::PermissionsExt;
+                let _ = rustix::fs::chown(
+                    p,
+                    Some(rustix::fs::Uid::from_raw(uid)),
+                    Some(rustix::fs::Gid::from_raw(group)),
+                );
+                let mode = if p.is_dir() { 0o2770 } else { 0o660 };
+                let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode));
+            }
+        } else {
+            let _ = rustix::fs::chown(
+                p,
+                Some(rustix::fs::Uid::from_raw(uid)),
+                Some(rustix::fs::Gid::from_raw(group)),
+            );
+        }
+    };
+    let mut up = d.to_path_buf();
+    while up.starts_with(&top) && up != top {
         own(&up);
         if !up.pop() {
             break;
@@ -93,9 +137,8 @@ pub fn prepare(ctx: &Path, uid: u32, gid: u32, agent: &str, session: &str, cwd: 
     Ok(())
 }
 
-/// Marks a session's run as ended with `code`.
-pub fn finish(ctx: &Path, uid: u32, agent: &str, session: &str, code: i32) {
-    let d = runtime::session_dir(ctx, uid, agent, session);
+/// Marks the run of the session whose directory is `d` as ended with `code`.
+pub fn finish(d: &Path, code: i32) {
     let _ = std::fs::write(d.join("state"), if code == 0 { "done\n" } else { "error\n" });
     let _ = std::fs::write(d.join("updated_at"), now());
 }

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use policy::runtime::{self, ControlRequest};
+use policy::runtime::ControlRequest;
 use serde_json::json;
 
 use super::receipt::{self, Children, Run};
@@ -48,7 +48,16 @@ fn spawn(s: &Start) -> Result<(Contract, std::process::Child)> {
     rundir::prepare(&c)?;
     // The session, in the agent's home, owned by the agent.
     let cwd = if c.workspace.is_some() { "/workspace" } else { "/" };
-    session::prepare(&s.ctx, c.uid, c.gid, c.session_owner(), &c.session, cwd)?;
+    session::prepare(
+        &s.ctx,
+        &c.session_dir(&s.ctx),
+        c.uid,
+        c.gid,
+        c.space.is_some(),
+        &c.agent,
+        &c.session,
+        cwd,
+    )?;
     // The agent's persistent home, with what its profile keeps there.
     if c.home.is_some() {
         let h = session::prepare_home(&s.ctx, c.uid, c.gid, &c.agent)?;
@@ -56,7 +65,7 @@ fn spawn(s: &Start) -> Result<(Contract, std::process::Child)> {
     }
     for w in &c.warnings {
         eprintln!("ctx: warning: agent {}: {w}", c.agent);
-        let dir = runtime::session_dir(&s.ctx, c.uid, c.session_owner(), &c.session);
+        let dir = c.session_dir(&s.ctx);
         let event = json!({"ts": session::timestamp(), "type": "run.warning", "agent": c.agent,
             "session": c.session, "reason": w});
         session::append_event(&dir, &event)
@@ -72,6 +81,7 @@ fn spawn(s: &Start) -> Result<(Contract, std::process::Child)> {
             // What the run's tools may touch comes from here, never from the agent's environment.
             workspace: c.workspace.as_ref().map(|_| "/workspace".to_owned()),
             records_only: c.records_only,
+            space: c.space.clone(),
         },
     )?;
     // A command of its own gets a writable /ctx only once the view is seen to be one: a
@@ -179,7 +189,7 @@ fn prepare_profile(h: &Path, c: &Contract) -> std::io::Result<()> {
 /// the sandbox and points the CLI at it; each refused request is a `net.refused` event.
 fn proxy(c: &mut Contract, url: &str) -> Result<()> {
     let url = policy::model::Url::parse(url).map_err(Error::Invalid)?;
-    let dir = runtime::session_dir(&c.ctx, c.uid, c.session_owner(), &c.session);
+    let dir = c.session_dir(&c.ctx);
     let (agent, session) = (c.agent.clone(), c.session.clone());
     let refused = move |what: &str| {
         let event = json!({"ts": session::timestamp(), "type": "net.refused", "agent": agent,
@@ -380,6 +390,7 @@ pub fn supervise(contract_file: &Path, key_fd: Option<i32>) -> Result<()> {
         agent: c.agent.clone(),
         session: c.session.clone(),
         uid: c.uid,
+        dir: c.session_dir(&c.ctx),
         ctx: c.ctx.clone(),
         control: c.control.clone(),
         workspace: c.workspace.clone(),
@@ -483,9 +494,9 @@ pub fn supervise(contract_file: &Path, key_fd: Option<i32>) -> Result<()> {
     } else if timed_out {
         let reason = format!("the run's timeout ({} s) ran out; it was stopped", c.timeout.unwrap_or(0));
         let _ = ended_event(&c, "run.timeout", &reason, code);
-        session::finish(&c.ctx, c.uid, c.session_owner(), &c.session, code.max(1));
+        session::finish(&c.session_dir(&c.ctx), code.max(1));
     } else {
-        session::finish(&c.ctx, c.uid, c.session_owner(), &c.session, code);
+        session::finish(&c.session_dir(&c.ctx), code);
     }
     let _ = std::fs::write(c.runtime.join("exit"), format!("{code}\n"));
     view::remove(&c.control, &c.view);
@@ -502,7 +513,7 @@ pub fn supervise(contract_file: &Path, key_fd: Option<i32>) -> Result<()> {
 
 /// Appends an event saying why a run ended to its session, through /ctx.
 fn ended_event(c: &Contract, kind: &str, reason: &str, code: i32) -> std::io::Result<()> {
-    let dir = runtime::session_dir(&c.ctx, c.uid, c.session_owner(), &c.session);
+    let dir = c.session_dir(&c.ctx);
     let event = json!({"ts": session::timestamp(), "type": kind, "agent": c.agent, "session": c.session,
         "status": "error", "reason": reason, "code": code});
     session::append_event(&dir, &event)
@@ -519,9 +530,9 @@ fn lost_view(c: &Contract, code: i32) {
     }
     let reason = "the run's view ended (its daemon is gone); the run was stopped";
     if ended_event(c, "run.lost", reason, code).is_ok() {
-        session::finish(&c.ctx, c.uid, c.session_owner(), &c.session, code.max(1));
+        session::finish(&c.session_dir(&c.ctx), code.max(1));
     } else if let Some(storage) = &c.storage {
-        let d = runtime::session_dir(storage, c.uid, c.session_owner(), &c.session);
+        let d = c.session_dir(storage);
         let _ = std::fs::write(d.join("state"), "error\n");
     }
 }

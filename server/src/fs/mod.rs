@@ -546,8 +546,13 @@ impl CtxFs {
             // the run's own session.
             let spec = a.spec();
             let owner = spec.session_of.as_deref().unwrap_or(&spec.agent);
-            let own_session = matches!(n.as_slice(),
-                ["home", _, "agent", o, "session", s, ..] if *o == owner && *s == spec.session);
+            let own_session = match &spec.space {
+                None => matches!(n.as_slice(),
+                    ["home", _, "agent", o, "session", s, ..] if *o == owner && *s == spec.session),
+                Some(space) => matches!(n.as_slice(),
+                    ["shared", sp, "agent", o, "session", s, ..]
+                        if sp == space && *o == owner && *s == spec.session),
+            };
             if !own_session && !matches!(classify(rel), Some(Area::SessionLog | Area::ObjectLog)) {
                 return Err(err(libc::EROFS));
             }
@@ -734,6 +739,9 @@ impl CtxFs {
                 }
                 if let Some(o) = &a.spec().session_of {
                     s.push_str(&format!("session_of {o}\n"));
+                }
+                if let Some(sp) = &a.spec().space {
+                    s.push_str(&format!("session_space {sp}\n"));
                 }
                 s.push_str(if a.spec().records_only { "ctx records\n" } else { "ctx read-write\n" });
             }

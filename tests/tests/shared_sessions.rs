@@ -1,0 +1,146 @@
+//! Shared sessions with real sandboxes: `ctx shared new` makes a space two agents of one group
+//! use without any chown by hand; both write events into one shared session; a third agent
+//! without the grant sees nothing of the space; a turn sent through the agent socket with
+//! `scope: shared` lands there too.
+
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixStream;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tests::served::Served;
+
+fn ctx(args: &[&str]) -> Output {
+    Command::new(tests::bin("ctx")).args(args).output().unwrap()
+}
+
+fn ok(o: Output, what: &str) -> Output {
+    assert!(o.status.success(), "{what}: {}", tests::shown(&o));
+    o
+}
+
+fn events(s: &Served, rel: &str) -> Vec<Value> {
+    fs::read_to_string(s.storage.join(rel))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn two_agents_write_one_shared_session_and_a_third_sees_nothing_of_it() {
+    let s = Served::start();
+    let st = s.storage.to_str().unwrap().to_owned();
+    let mnt = s.mnt.to_str().unwrap().to_owned();
+    ok(ctx(&["bootstrap", &st]), "bootstrap");
+    // Two agents of group 3300, with their own uids, and one without the space.
+    for (name, uid, groups) in [("sha", "1501", "3300"), ("shb", "1502", "3300"), ("shc", "1503", "")] {
+        let mut a =
+            vec!["agent", "new", name, "--uid", uid, "--gid", uid, "--tool", "fs.stat", "--source", &st];
+        if !groups.is_empty() {
+            a.extend(["--groups", groups]);
+        }
+        ok(ctx(&a), "agent new");
+    }
+    fs::write(
+        s.storage.join("tool/fs.stat.d/policy"),
+        "allow sha_t tool:fs.stat execute\nallow shb_t tool:fs.stat execute\nallow shc_t tool:fs.stat execute\n",
+    )
+    .unwrap();
+    let o = ok(ctx(&["shared", "new", "team", "--group", "3300", "--source", &st]), "shared new");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("created shared/team"), "{}", tests::shown(&o));
+    let m = fs::metadata(s.storage.join("shared/team/queue/pending")).unwrap();
+    assert_eq!((m.gid(), m.mode() & 0o7777), (3300, 0o2770));
+    // Without the grant, a shared session is refused before anything is made.
+    let sess = tests::unique("sh");
+    let work = s.dir.path().join("work");
+    fs::create_dir_all(&work).unwrap();
+    fs::write(work.join("a.txt"), "hi\n").unwrap();
+    let start = |agent: &str, extra: &[&str], script: &str| {
+        let mut c = Command::new(tests::bin("ctx"));
+        c.args(["agent", "start", agent, "--session", &sess, "--ctx", &mnt, "--control"])
+            .arg(&s.control)
+            .arg("--cwd")
+            .arg(&work)
+            .arg("--wait")
+            .args(extra)
+            .args(["--", "/bin/sh", "-c", script]);
+        c.output().unwrap()
+    };
+    let o = start("sha", &["--shared", "team"], "true");
+    assert_eq!(o.status.code(), Some(13), "{}", tests::shown(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("shared:team write"), "{}", tests::shown(&o));
+    assert!(!s.storage.join("shared/team/agent/sha").exists());
+    for a in ["sha", "shb"] {
+        ok(ctx(&["agent", "grant", a, "shared:team", "write", "--source", &st]), "grant");
+    }
+    let o = ok(ctx(&["shared", "ls", "--json", "--source", &st]), "shared ls");
+    let ls: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let team = ls.as_array().unwrap().iter().find(|v| v["space"] == "team").unwrap();
+    assert_eq!(
+        team["agents"],
+        json!([{"agent": "sha", "access": "write"}, {"agent": "shb", "access": "write"}])
+    );
+    // The first agent's run keeps its session in the space, and its tool call is recorded there.
+    let o = start("sha", &["--shared", "team"], "/ctx/bin/tsh fs.stat /workspace/a.txt");
+    assert!(o.status.success(), "{}", tests::shown(&o));
+    let rel = format!("shared/team/agent/sha/session/{sess}");
+    let ev = events(&s, &format!("{rel}/events.jsonl"));
+    assert!(ev.iter().any(|e| e["type"] == "tool.call" && e["agent"] == "sha"), "{ev:?}");
+    assert!(!s.storage.join(format!("home/1501/agent/sha/session/{sess}")).exists(), "not in its home");
+    // The second, another uid of the group, runs on that same session (granted resume) and
+    // reads what the first wrote.
+    ok(ctx(&["agent", "grant", "shb", &format!("session:sha/{sess}"), "resume", "--source", &st]), "grant");
+    let script = format!("/ctx/bin/tsh fs.stat /workspace/a.txt && grep -c sha /ctx/{rel}/events.jsonl");
+    let o = start("shb", &["--shared", "team", "--resume", "sha"], &script);
+    assert!(o.status.success(), "{}", tests::shown(&o));
+    assert_ne!(String::from_utf8_lossy(&o.stdout).trim(), "0", "{}", tests::shown(&o));
+    let ev = events(&s, &format!("{rel}/events.jsonl"));
+    for a in ["sha", "shb"] {
+        assert!(ev.iter().any(|e| e["type"] == "tool.call" && e["agent"] == a), "{a}: {ev:?}");
+    }
+    // The third sees nothing of the space, and cannot keep a session there.
+    let o = start(
+        "shc",
+        &[],
+        "ls /ctx/shared; ls /ctx/shared/team 2>&1; cat /ctx/shared/team/agent/sha/session/*/events.jsonl 2>&1; true",
+    );
+    let seen = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && !seen.contains("team\n") && seen.contains("No such file"),
+        "{}",
+        tests::shown(&o)
+    );
+    assert!(!seen.contains("tool.call"), "{seen}");
+    let o = start("shc", &["--shared", "team"], "true");
+    assert_eq!(o.status.code(), Some(13), "{}", tests::shown(&o));
+    // A turn through the agent socket with scope shared is recorded in the space.
+    fs::write(s.storage.join("agent/sha.d/profile"), "tsh\n").unwrap();
+    let sock = s.mnt.join("agent/sha.sock");
+    let t = Instant::now();
+    while fs::read_link(&sock).is_err() {
+        assert!(t.elapsed() < Duration::from_secs(10), "no agent socket");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut w = UnixStream::connect(&sock).unwrap();
+    let mut r = BufReader::new(w.try_clone().unwrap());
+    let turn = json!({"op": "send", "id": "sh1", "session": sess, "scope": "shared", "space": "team",
+        "cwd": work, "input": "fs.stat /workspace/a.txt"});
+    w.write_all(format!("{turn}\n").as_bytes()).unwrap();
+    let mut last = Value::Null;
+    while last["type"] != "done" {
+        let mut l = String::new();
+        assert!(r.read_line(&mut l).unwrap() > 0);
+        last = serde_json::from_str(&l).unwrap();
+    }
+    assert_eq!(last["status"], "ok", "{last}");
+    let msgs = events(&s, &format!("{rel}/messages.jsonl"));
+    assert_eq!(msgs.iter().filter(|m| m["id"] == "sh1").count(), 2, "{msgs:?}");
+    // A space is removed only empty, or with --force.
+    assert_eq!(ctx(&["shared", "rm", "team", "--source", &st]).status.code(), Some(1));
+    ok(ctx(&["shared", "rm", "team", "--force", "--source", &st]), "shared rm --force");
+    assert!(!s.storage.join("shared/team").exists());
+}
