@@ -246,6 +246,11 @@ fn a_client_drives_two_agents_at_once_and_each_turn_is_recorded_once() {
     // ... but not someone else's directory.
     let o = as_uid("4242", &["send", "sockrt", "x", "--session", &s, "--cwd", &cwd, "--ctx", &mnt, "--wait"]);
     assert_eq!(o.status.code(), Some(13), "{}", tests::shown(&o));
+    // The agent's prompt template renders each turn, as it is at the time of the turn.
+    fs::write(h.s.storage.join("agent/sockrt.d/prompt.template.md"), "TEMPLATED {{message}}\n").unwrap();
+    let args = ["send", "sockrt", "tpl", "--session", &s, "--cwd", &cwd, "--ctx", &mnt, "--wait"];
+    let o = ok(ctx(&args, &[], ""), "ctx send with a template");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "ANSWER: TEMPLATED tpl");
 }
 
 #[test]

@@ -10,7 +10,7 @@
 //! that is another agent's whose policy allows `agent:<name> write`. Everyone else is refused
 //! with `EACCES` before any request is read (the peer's credentials, `SO_PEERCRED`).
 //!
-//! A `send` is a user turn. It is appended to the session's `messages.jsonl` (durable) before
+//! A `send` is a user turn, rendered through the agent's `prompt.template.md`. It is appended to the session's `messages.jsonl` (durable) before
 //! the `start` frame, then runs as `ctx agent start NAME --headless` with the input on the
 //! command's standard input: the agent's `profile` control names the hosted CLI (`codex`,
 //! `claude`, `pi`), which runs its own headless mode and resumes its own conversation of the
@@ -539,7 +539,8 @@ impl Server {
         }
         t.push(json!({"type": "start", "id": s.id, "session": s.session}));
         let profile = self.control(agent, "profile").lines().next().unwrap_or("").trim().to_owned();
-        let prompt = prompt_of(s);
+        // The agent's template, as it is now: an agent.update of it shows in the next turn.
+        let prompt = prompt_of(&self.control(agent, "prompt.template.md"), s);
         let (args, new_cli_session) = match cli_args(&profile, agent, &dir, &prompt) {
             Ok(a) => a,
             Err(m) => return fail("EINVAL", m),
@@ -658,14 +659,23 @@ impl Server {
     }
 }
 
-/// The turn's text as the CLI is given it: the input, then the files it refers to.
-fn prompt_of(s: &asock::Send) -> String {
-    let mut p = s.input.clone();
-    if !s.files.is_empty() {
+/// The turn's text as the CLI is given it: the agent's `prompt.template.md` rendered with the
+/// input (`{{message}}`, as `ctx agent new` writes it) and the files it refers to (`{{files}}`, one `- PATH` line each); with
+/// no template, or one that names neither, the template, the input, then the files.
+fn prompt_of(template: &str, s: &asock::Send) -> String {
+    let files: String = s.files.iter().map(|f| format!("- {f}\n")).collect();
+    if template.contains("{{message}}") || template.contains("{{files}}") {
+        return template.replace("{{files}}", &files).replace("{{message}}", &s.input);
+    }
+    let mut p = String::new();
+    if !template.trim().is_empty() {
+        p.push_str(template.trim_end());
+        p.push_str("\n\n");
+    }
+    p.push_str(&s.input);
+    if !files.is_empty() {
         p.push_str("\n\nFiles:\n");
-        for f in &s.files {
-            p.push_str(&format!("- {f}\n"));
-        }
+        p.push_str(&files);
     }
     p
 }

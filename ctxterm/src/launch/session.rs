@@ -60,7 +60,7 @@ pub fn prepare(
     cwd: &str,
 ) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
-    // Up to the home (`home/<uid>`) or the space's `agent/` directory, exclusive.
+    // Up to the home (`home/<uid>`), or the space's `agent/` directory.
     let top = if shared {
         d.ancestors().nth(3).map(Path::to_path_buf).unwrap_or_else(|| d.to_path_buf())
     } else {
@@ -98,7 +98,8 @@ pub fn prepare(
         }
     };
     let mut up = d.to_path_buf();
-    while up.starts_with(&top) && up != top {
+    // The home itself is the agent's; the space's `agent/` directory is the space's.
+    while up.starts_with(&top) && !(shared && up == top) {
         own(&up);
         if !up.pop() {
             break;
