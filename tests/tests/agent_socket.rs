@@ -234,6 +234,15 @@ fn a_client_drives_two_agents_at_once_and_each_turn_is_recorded_once() {
     assert_eq!(o.status.code(), Some(13), "{}", tests::shown(&o));
     assert!(String::from_utf8_lossy(&o.stderr).contains("EACCES"), "{}", tests::shown(&o));
     assert_eq!(records(&h, 1001, "sockrt", &s).len(), 4, "nothing was recorded for the refused caller");
+    // The uid of an agent whose policy allows agent:sockrt write may drive it.
+    let st = h.s.storage.display().to_string();
+    ok(
+        ctx(&["agent", "new", "sockdrv", "--uid", "4343", "--gid", "4343", "--source", &st], &[], ""),
+        "agent new",
+    );
+    ok(ctx(&["agent", "grant", "sockdrv", "agent:sockrt", "write", "--source", &st], &[], ""), "grant");
+    let o = as_uid("4343", &["send", "sockrt", "driven", "--session", &s, "--ctx", &mnt, "--json"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("\"type\":\"start\""), "{}", tests::shown(&o));
     // Its owner may, with a workspace of its own.
     fs::write(h.s.storage.join("agent/sockrt.d/owner"), "4242\n").unwrap();
     let mine = h.s.dir.path().join("work4242");
