@@ -3,9 +3,9 @@ SHELL := bash
 CARGO ?= cargo
 CTX := target/debug/ctx
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS := policy_v0 manifest control_files package_toml package_record context_pack mcp_frame mcp_config receipt_request control_request commit_evidence log_recovery queue_lease model_driver term_mode
+FUZZ_TARGETS := policy_v0 manifest control_files package_toml package_record context_pack mcp_frame mcp_config receipt_request control_request commit_evidence log_recovery queue_lease model_driver term_mode agent_socket
 
-.PHONY: all build demo test lint fuzz-smoke bench
+.PHONY: all build demo test lint fuzz-smoke bench bench-all
 
 all: build
 
@@ -44,6 +44,21 @@ fuzz-smoke:
 	  $(CARGO) +nightly fuzz run $$t corpus/$$t seeds/$$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done
 
+# The whole-system benchmarks behind bench/report.md (tables and SVG charts of each ratio),
+# with libfuse's passthrough_ll as a peer; `make bench-all` runs every benchmark.
+REPORT_BENCHES := server_fs appends_ctx tsh_run server_views
+
 bench:
+	@scripts/install-deps bench
+	@scripts/host-setup
 	$(CARGO) build --release --workspace --bins
+	@scripts/bench-peers
+	@rm -rf target/bench-results
+	@n=0; for b in $(REPORT_BENCHES); do n=$$((n+1)); \
+	  printf '\n== make bench: [%d/%d] %s\n' $$n $(words $(REPORT_BENCHES)) $$b; \
+	  CORTEXFS_BENCH_WRITERS=1,8,64 $(CARGO) bench -q -p bench --bench $$b || exit 1; \
+	done
+	$(CARGO) run -q --release -p bench --bin bench-report
+
+bench-all: bench
 	$(CARGO) bench -p bench

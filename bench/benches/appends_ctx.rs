@@ -133,8 +133,13 @@ fn main() {
         return;
     }
     let secs: f64 = std::env::var("CORTEXFS_BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(2.0);
-    let writers: usize =
-        std::env::var("CORTEXFS_BENCH_WRITERS").ok().and_then(|s| s.parse().ok()).unwrap_or(64);
+    // One writer count, or several (`1,8,64`), each a table of its own.
+    let counts: Vec<usize> = std::env::var("CORTEXFS_BENCH_WRITERS")
+        .unwrap_or_else(|_| "64".into())
+        .split(',')
+        .filter_map(|w| w.trim().parse().ok())
+        .filter(|w| *w > 0)
+        .collect();
     let base = std::env::var("CORTEXFS_BENCH_DIR").unwrap_or_else(|_| "/var/tmp".into());
     let top = tempfile::tempdir_in(base).expect("bench dir");
     let native = top.path().join("native.jsonl");
@@ -143,60 +148,100 @@ fn main() {
     let mnt = top.path().join("ctx");
     std::fs::create_dir(&mnt).expect("mnt");
     let cores = std::thread::available_parallelism().map_or(2, |c| c.get());
-
-    println!(
-        "durable appends, 200-byte records, {writers} writer processes, {secs} s per cell, disk of {}",
-        top.path().display()
+    let mut report = bench::Report::new(
+        "appends_ctx",
+        "CORTEXFS_BENCH_WRITERS=1,8,64 cargo bench -p bench --bench appends_ctx",
+        &format!(
+            "Durable appends of 200-byte records from writer processes, {secs} s per cell, on the disk of {}: \
+             write + fdatasync per record on the disk, against appends through `/ctx` (acknowledged once \
+             durable) to one session's `events.jsonl` and to a session per writer.",
+            top.path().display()
+        ),
     );
-    println!();
-    println!(
-        "| variant | records/s | / per-record fdatasync | / per-record fdatasync, {writers} processes | p50 us | p99 us | p99 / one fdatasync |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
     let alone = run(&native, 1, secs, true);
-    std::fs::write(&native, b"").expect("native file");
-    let baseline = run(&native, writers, secs, true);
     let one = alone.pct(0.5);
-    let row = |name: &str, c: &Cell| {
-        println!(
-            "| {name} | {:.0} | {:.2}x | {:.2}x | {:.0} | {:.0} | {:.2}x |",
-            c.rate(),
-            c.rate() / alone.rate(),
-            c.rate() / baseline.rate(),
-            c.pct(0.5),
-            c.pct(0.99),
-            c.pct(0.99) / one
-        );
-    };
-    row("write + fdatasync per record, 1 process", &alone);
-    row(&format!("write + fdatasync per record, {writers} processes"), &baseline);
-    for transport in [Transport::Dev, Transport::Uring] {
-        let pool = match Pool::with_transport(cores, transport) {
-            Ok(p) => p,
-            Err(e) => {
-                println!("| /ctx over {}: not run ({e}) | | | | | | |", transport.name());
-                continue;
+    // Per variant: records/s over per-record fdatasync with as many processes, per writer count.
+    let mut ratios: Vec<(String, Vec<Option<f64>>)> = Vec::new();
+    for (wi, &writers) in counts.iter().enumerate() {
+        std::fs::write(&native, b"").expect("native file");
+        let baseline = run(&native, writers, secs, true);
+        let mut rows = Vec::new();
+        let mut row = |name: &str, c: &Cell, plotted: Option<&str>| {
+            rows.push(vec![
+                name.to_owned(),
+                format!("{:.0}", c.rate()),
+                format!("{:.2}x", c.rate() / alone.rate()),
+                format!("{:.2}x", c.rate() / baseline.rate()),
+                format!("{:.0}", c.pct(0.5)),
+                format!("{:.0}", c.pct(0.99)),
+                format!("{:.2}x", c.pct(0.99) / one),
+            ]);
+            if let Some(series) = plotted {
+                let at = match ratios.iter().position(|(n, _)| n == series) {
+                    Some(i) => i,
+                    None => {
+                        ratios.push((series.to_owned(), vec![None; counts.len()]));
+                        ratios.len() - 1
+                    }
+                };
+                ratios[at].1[wi] = Some(c.rate() / baseline.rate());
             }
         };
-        let fs = CtxFs::new(Config::new(storage.clone(), Vec::new())).expect("fs");
-        let data = fs.data().expect("data fs");
-        let host = pool.mount_host(Arc::new(fs), Arc::new(data), &mnt).expect("mount");
-        let log: PathBuf = mnt.join(LOG);
-        std::fs::create_dir_all(log.parent().expect("parent")).expect("session dir");
-        let c = run(&log, writers, secs, false);
-        let lines = std::fs::read_to_string(&log).expect("read the log").lines().count();
-        assert!(lines >= c.records, "every acknowledged record is in the log");
-        row(&format!("/ctx over {}, one session's events.jsonl", transport.name()), &c);
-        // The same writers, each on a session of its own: what the kernel's one-writer-at-a-time
-        // lock on a FUSE file's appends costs the single file.
-        let own = |i: usize| mnt.join(format!("home/0/agent/bench/session/w{i}/events.jsonl"));
-        for i in 0..writers {
-            std::fs::create_dir_all(own(i).parent().expect("parent")).expect("session dir");
+        row("write + fdatasync per record, 1 process", &alone, None);
+        row(&format!("write + fdatasync per record, {writers} processes"), &baseline, None);
+        for transport in [Transport::Dev, Transport::Uring] {
+            let pool = match Pool::with_transport(cores, transport) {
+                Ok(p) => p,
+                Err(e) => {
+                    println!("appends_ctx: /ctx over {}: not run ({e})", transport.name());
+                    continue;
+                }
+            };
+            let fs = CtxFs::new(Config::new(storage.clone(), Vec::new())).expect("fs");
+            let data = fs.data().expect("data fs");
+            let host = pool.mount_host(Arc::new(fs), Arc::new(data), &mnt).expect("mount");
+            let log: PathBuf = mnt.join(LOG);
+            std::fs::create_dir_all(log.parent().expect("parent")).expect("session dir");
+            let c = run(&log, writers, secs, false);
+            let lines = std::fs::read_to_string(&log).expect("read the log").lines().count();
+            assert!(lines >= c.records, "every acknowledged record is in the log");
+            let name = format!("/ctx over {}, one session's events.jsonl", transport.name());
+            row(&name, &c, Some(&format!("{}: one file", transport.name())));
+            // The same writers, each on a session of its own: what the kernel's one-writer-at-a-time
+            // lock on a FUSE file's appends costs the single file.
+            let own = |i: usize| mnt.join(format!("home/0/agent/bench/session/w{i}/events.jsonl"));
+            for i in 0..writers {
+                std::fs::create_dir_all(own(i).parent().expect("parent")).expect("session dir");
+            }
+            let c = run_on(&own, writers, secs, false);
+            let name = format!("/ctx over {}, a session per writer", transport.name());
+            row(&name, &c, Some(&format!("{}: a session per writer", transport.name())));
+            pool.unmount_host(host).expect("unmount");
+            pool.shutdown();
+            let _ = std::fs::remove_dir_all(storage.join("home/0/agent"));
         }
-        let c = run_on(&own, writers, secs, false);
-        row(&format!("/ctx over {}, a session per writer", transport.name()), &c);
-        pool.unmount_host(host).expect("unmount");
-        pool.shutdown();
-        let _ = std::fs::remove_dir_all(storage.join("home/0/agent"));
+        report.table(
+            &format!("{writers} writer processes"),
+            &[
+                "variant",
+                "records/s",
+                "/ per-record fdatasync",
+                &format!("/ per-record fdatasync, {writers} processes"),
+                "p50 us",
+                "p99 us",
+                "p99 / one fdatasync",
+            ],
+            rows,
+        );
     }
+    report.plot(bench::Plot {
+        id: "writers".into(),
+        title: "Durable appends through /ctx over per-record fdatasync, by writer count".into(),
+        x: "writer processes".into(),
+        y: "records/s over per-record fdatasync".into(),
+        categories: counts.iter().map(|w| format!("{w} writers")).collect(),
+        series: ratios,
+        mark: Some((30.0, "goal: 30x (one file, 64 writers)".into())),
+    });
+    report.save();
 }

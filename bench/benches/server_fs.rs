@@ -156,6 +156,48 @@ fn uncached(dir: &Path, secs: f64, threads: usize) -> (u64, Duration) {
     (calls, t.elapsed())
 }
 
+/// libfuse's `passthrough_ll` example (built by `scripts/bench-peers` into `target/peers`)
+/// serving `root` at `mnt`: its uncached `statx` calls/s per thread count (one GETATTR each:
+/// its entries are cached for 1000 s, its attributes are forced), or `None` when it is not built.
+fn peer_rates(root: &Path, mnt: &Path) -> Option<Vec<f64>> {
+    let bin = bench::bin_dir().parent()?.join("peers/passthrough_ll");
+    if !bin.exists() {
+        println!("server_fs: {} is not built (scripts/bench-peers); no libfuse peer", bin.display());
+        return None;
+    }
+    std::fs::create_dir_all(mnt).ok()?;
+    let mut child = std::process::Command::new(&bin)
+        .args(["-f", "-o"])
+        .arg(format!("source={},timeout=1000", root.display()))
+        .arg(mnt)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .ok()?;
+    let t = Instant::now();
+    let dev = |p: &Path| std::fs::metadata(p).map(|m| std::os::unix::fs::MetadataExt::dev(&m)).ok();
+    while dev(mnt) == dev(root) || dev(mnt).is_none() || dev(&mnt.join("home/0/bench")).is_none() {
+        if t.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            println!("server_fs: passthrough_ll did not mount; no libfuse peer");
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let dir = mnt.join("home/0/bench");
+    let rates = UNCACHED_THREADS
+        .iter()
+        .map(|&t| {
+            let (n, d) = uncached(&dir, 2.0, t);
+            n as f64 / d.as_secs_f64()
+        })
+        .collect();
+    let _ = std::process::Command::new("fusermount3").arg("-u").arg(mnt).status();
+    let _ = child.kill();
+    let _ = child.wait();
+    Some(rates)
+}
+
 fn requests(mnt: &Path) -> u64 {
     let s = std::fs::read_to_string(mnt.join("status")).expect("status");
     s.lines().find_map(|l| l.strip_prefix("requests ")?.parse().ok()).expect("requests line")
@@ -205,9 +247,19 @@ fn main() {
             rate(n, d)
         })
         .collect();
+    let mut report = bench::Report::new(
+        "server_fs",
+        "cargo bench -p bench --bench server_fs",
+        "A release `CtxFs` served over each transport, against native tmpfs and, for uncached \
+         requests, libfuse's `passthrough_ll` example (libfuse 3 from Debian, over `/dev/fuse`) \
+         on the same tmpfs. Uncached: `statx` with `AT_STATX_FORCE_SYNC`, one GETATTR each.",
+    );
+    let peer = peer_rates(&tmpfs, &top.path().join("peer"));
     // (transport, [requests/s per thread count])
     let mut uncached_rows = Vec::new();
-    for transport in [Transport::Dev, Transport::Uring] {
+    // Per case: native / cortexfs, per transport.
+    let mut cached: Vec<(String, Vec<Option<f64>>)> = Vec::new();
+    for (ti, transport) in [Transport::Dev, Transport::Uring].into_iter().enumerate() {
         let pool = match Pool::with_transport(cores, transport) {
             Ok(p) => p,
             Err(e) => {
@@ -232,10 +284,8 @@ fn main() {
             ("readdir of 1,000 entries", readdir),
             ("256 MiB in 1 MiB reads (open, read all, close)", seq_read),
         ];
-        println!("\ntransport {}:\n", transport.name());
-        println!("| benchmark | native tmpfs | cortexfs | native / cortexfs | FUSE requests per iteration |");
-        println!("|---|---:|---:|---:|---:|");
-        for (name, f) in cases {
+        let mut rows = Vec::new();
+        for (ci, (name, f)) in cases.into_iter().enumerate() {
             let n = f(&native);
             let (r0, i0) = (requests(&mnt), ITERATIONS.load(Ordering::Relaxed));
             let c = f(&ctx);
@@ -248,38 +298,117 @@ fn main() {
             } else {
                 String::new()
             };
-            println!(
-                "| {name}{extra} | {} | {} | {:.2}x | {per_iter:.3} |",
+            let ratio = n.as_secs_f64() / c.as_secs_f64();
+            rows.push(vec![
+                format!("{name}{extra}"),
                 fmt(n),
                 fmt(c),
-                n.as_secs_f64() / c.as_secs_f64()
-            );
+                format!("{ratio:.2}x"),
+                format!("{per_iter:.3}"),
+            ]);
+            if cached.len() <= ci {
+                cached.push((name.to_owned(), vec![None, None]));
+            }
+            cached[ci].1[ti] = Some(ratio);
         }
         let mut rates = Vec::new();
         for (&threads, native_rate) in UNCACHED_THREADS.iter().zip(&native_rates) {
             let before = requests(&mnt);
             let (ccalls, ct) = uncached(&ctx, 2.0, threads);
             let served = requests(&mnt) - before;
-            println!(
-                "| uncached: forced `statx`, {threads} threads | {native_rate:.0} calls/s | {:.0} requests/s ({:.0} calls/s) | {:.2}x (calls) | {:.2} |",
-                rate(served, ct),
-                rate(ccalls, ct),
-                rate(ccalls, ct) / native_rate,
-                served as f64 / ccalls as f64
-            );
+            rows.push(vec![
+                format!("uncached: forced `statx`, {threads} threads"),
+                format!("{native_rate:.0} calls/s"),
+                format!("{:.0} requests/s ({:.0} calls/s)", rate(served, ct), rate(ccalls, ct)),
+                format!("{:.2}x (calls)", rate(ccalls, ct) / native_rate),
+                format!("{:.2}", served as f64 / ccalls as f64),
+            ]);
             rates.push(rate(served, ct));
         }
+        report.table(
+            &format!("transport {}", transport.name()),
+            &["benchmark", "native tmpfs", "cortexfs", "native / cortexfs", "FUSE requests per iteration"],
+            rows,
+        );
         uncached_rows.push((transport, rates));
         pool.unmount_host(host).expect("unmount");
         pool.shutdown();
     }
     if let [(_, dev), (_, ring)] = uncached_rows.as_slice() {
-        println!("\nuncached requests/s by transport:\n");
-        println!("| client threads | /dev/fuse pool | io_uring | io_uring / pool |");
-        println!("|---:|---:|---:|---:|");
-        for ((t, d), r) in UNCACHED_THREADS.iter().zip(dev).zip(ring) {
-            println!("| {t} | {d:.0} | {r:.0} | {:.2}x |", r / d);
+        let rows = UNCACHED_THREADS
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let p = peer.as_ref().map_or("not run".to_owned(), |p| format!("{:.0}", p[i]));
+                let pr = peer.as_ref().map_or("-".to_owned(), |p| format!("{:.2}x", ring[i] / p[i]));
+                vec![
+                    t.to_string(),
+                    format!("{:.0}", dev[i]),
+                    format!("{:.0}", ring[i]),
+                    format!("{:.2}x", ring[i] / dev[i]),
+                    p,
+                    pr,
+                ]
+            })
+            .collect();
+        report.table(
+            "uncached requests/s by transport",
+            &[
+                "client threads",
+                "/dev/fuse pool",
+                "io_uring",
+                "io_uring / pool",
+                "libfuse passthrough_ll (/dev/fuse)",
+                "io_uring / passthrough_ll",
+            ],
+            rows,
+        );
+        let threads: Vec<String> = UNCACHED_THREADS.iter().map(|t| format!("{t} threads")).collect();
+        let some = |v: &[f64]| v.iter().map(|x| Some(*x)).collect::<Vec<_>>();
+        let mut series = vec![("/dev/fuse pool".to_owned(), some(dev)), ("io_uring".to_owned(), some(ring))];
+        if let Some(p) = &peer {
+            series.push(("libfuse passthrough_ll (/dev/fuse)".to_owned(), some(p)));
         }
+        report.plot(bench::Plot {
+            id: "uncached".into(),
+            title: "Uncached requests/s (forced statx) by transport".into(),
+            x: "client threads".into(),
+            y: "requests/s".into(),
+            categories: threads.clone(),
+            series,
+            mark: None,
+        });
+        let ratio: Vec<Option<f64>> = dev.iter().zip(ring).map(|(d, r)| Some(r / d)).collect();
+        let mut series = vec![("io_uring / /dev/fuse pool".to_owned(), ratio)];
+        if let Some(p) = &peer {
+            series.push((
+                "io_uring / passthrough_ll".to_owned(),
+                ring.iter().zip(p).map(|(r, p)| Some(r / p)).collect(),
+            ));
+        }
+        report.plot(bench::Plot {
+            id: "uncached-ratio".into(),
+            title: "Uncached requests: io_uring over the /dev/fuse pool and libfuse".into(),
+            x: "client threads".into(),
+            y: "ratio".into(),
+            categories: threads,
+            series,
+            mark: Some((1.5, "goal: 1.5x the pool".into())),
+        });
     }
+    let (names, per): (Vec<String>, Vec<Vec<Option<f64>>>) = cached.into_iter().unzip();
+    if !names.is_empty() {
+        let col = |t: usize| per.iter().map(|v| v[t]).collect::<Vec<_>>();
+        report.plot(bench::Plot {
+            id: "cached".into(),
+            title: "Cached paths: native tmpfs time / CortexFS time".into(),
+            x: "benchmark".into(),
+            y: "native / cortexfs (1 = as fast as native)".into(),
+            categories: names.iter().map(|n| n.split(" (").next().unwrap_or(n).to_owned()).collect(),
+            series: vec![("/dev/fuse pool".into(), col(0)), ("io_uring".into(), col(1))],
+            mark: Some((1.0, "native".into())),
+        });
+    }
+    report.save();
     let _ = rustix::mount::unmount(&tmpfs, rustix::mount::UnmountFlags::DETACH);
 }

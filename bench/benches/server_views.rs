@@ -41,26 +41,67 @@ fn main() {
     std::fs::write(storage.join("agent/coder.d/label"), b"coder_t\n").expect("label");
     std::fs::write(storage.join("agent/coder.d/policy"), b"allow coder_t tool:hello execute\n")
         .expect("policy");
-    println!(
-        "| transport | views | serving threads | process threads | limit (2 x cores + 4) | RSS growth per view | mappings per view | create | touch all |"
+    let mut report = bench::Report::new(
+        "server_views",
+        "cargo bench -p bench --bench server_views",
+        &format!(
+            "{n} agent views mounted in one daemon, over each transport: the threads serving them, the \
+             memory and mappings each view adds, and the time to create them and to touch each once."
+        ),
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let (mut rows, mut names, mut rss) = (Vec::new(), Vec::new(), Vec::new());
     for transport in [Transport::Dev, Transport::Uring] {
         match Pool::with_transport(cores, transport) {
             Ok(pool) => {
-                run(&pool, transport, n, cores, dir.path(), &config);
+                let (row, kib) = run(&pool, transport, n, cores, dir.path(), &config);
+                rows.push(row);
+                names.push(transport.name().to_owned());
+                rss.push(Some(kib));
                 pool.shutdown();
             }
-            Err(e) => println!("| {}: not run ({e}) | | | | | | | | |", transport.name()),
+            Err(e) => println!("server_views: {}: not run ({e})", transport.name()),
         }
     }
+    report.table(
+        "views",
+        &[
+            "transport",
+            "views",
+            "serving threads",
+            "process threads",
+            "limit (2 x cores + 4)",
+            "RSS growth per view",
+            "mappings per view",
+            "create",
+            "touch all",
+        ],
+        rows,
+    );
+    report.plot(bench::Plot {
+        id: "rss".into(),
+        title: format!("Memory each of {n} views adds"),
+        x: "transport".into(),
+        y: "RSS growth per view (KiB)".into(),
+        categories: names,
+        series: vec![("RSS per view".into(), rss)],
+        mark: None,
+    });
+    report.save();
 }
 
 fn mappings() -> usize {
     std::fs::read_to_string("/proc/self/maps").map_or(0, |m| m.lines().count())
 }
 
-fn run(pool: &Pool, transport: Transport, n: usize, cores: usize, dir: &std::path::Path, config: &Config) {
+/// Mounts `n` views over `pool`; returns the table's row and the RSS growth per view in KiB.
+fn run(
+    pool: &Pool,
+    transport: Transport,
+    n: usize,
+    cores: usize,
+    dir: &std::path::Path,
+    config: &Config,
+) -> (Vec<String>, f64) {
     let dir = dir.join(transport.name());
     std::fs::create_dir(&dir).expect("dir");
     let host_mnt = dir.join("host");
@@ -104,18 +145,21 @@ fn run(pool: &Pool, transport: Transport, n: usize, cores: usize, dir: &std::pat
     let threads = status_field("Threads:");
     let rss = status_field("VmRSS:");
     let maps = mappings();
-    println!(
-        "| {} | {n} | {} | {threads} (was {threads0}) | {} | {:.1} KiB | {:.1} | {:.2} ms/view | {:.2} ms/view |",
-        transport.name(),
-        pool.threads(),
-        2 * cores + 4,
-        (rss.saturating_sub(rss0)) as f64 / n as f64,
-        maps.saturating_sub(maps0) as f64 / n as f64,
-        created.as_secs_f64() * 1e3 / n as f64,
-        touched.as_secs_f64() * 1e3 / n as f64
-    );
+    let kib = (rss.saturating_sub(rss0)) as f64 / n as f64;
+    let row = vec![
+        transport.name().to_owned(),
+        n.to_string(),
+        pool.threads().to_string(),
+        format!("{threads} (was {threads0})"),
+        (2 * cores + 4).to_string(),
+        format!("{kib:.1} KiB"),
+        format!("{:.1}", maps.saturating_sub(maps0) as f64 / n as f64),
+        format!("{:.2} ms/view", created.as_secs_f64() * 1e3 / n as f64),
+        format!("{:.2} ms/view", touched.as_secs_f64() * 1e3 / n as f64),
+    ];
     for (a, _) in views {
         pool.unmount(a).expect("unmount view");
     }
     pool.unmount(host).expect("unmount");
+    (row, kib)
 }

@@ -123,13 +123,44 @@ fn main() {
         }
     }
     let mut base = (0.0, 0.0);
-    println!("tsh_run: {ROUNDS} interleaved rounds, whole processes, microseconds");
-    println!("{:<34} {:>9} {:>9} {:>11} {:>11}", "case", "p50 us", "p99 us", "p50 ratio", "p99 ratio");
+    let mut report = bench::Report::new(
+        "tsh_run",
+        "cargo bench -p bench --bench tsh_run",
+        &format!(
+            "Whole processes started per call, {ROUNDS} interleaved rounds after 20 of warm-up: a native exec \
+             of a static binary against tsh resolving and running a tool through `/ctx` in an agent view."
+        ),
+    );
+    let (mut rows, mut names, mut p50s, mut p99s) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (i, (name, _, samples)) in cases.iter_mut().enumerate() {
         let (p50, p99) = (bench::pct(samples, 0.5), bench::pct(samples, 0.99));
         if i == 0 {
             base = (p50, p99);
         }
-        println!("{name:<34} {p50:>9.0} {p99:>9.0} {:>10.2}x {:>10.2}x", p50 / base.0, p99 / base.1);
+        rows.push(vec![
+            (*name).to_owned(),
+            format!("{p50:.0}"),
+            format!("{p99:.0}"),
+            format!("{:.2}x", p50 / base.0),
+            format!("{:.2}x", p99 / base.1),
+        ]);
+        names.push((*name).to_owned());
+        p50s.push(Some(p50 / base.0));
+        p99s.push(Some(p99 / base.1));
     }
+    report.table(
+        &format!("tsh_run: {ROUNDS} interleaved rounds, whole processes, microseconds"),
+        &["case", "p50 us", "p99 us", "p50 ratio", "p99 ratio"],
+        rows,
+    );
+    report.plot(bench::Plot {
+        id: "ratios".into(),
+        title: "A call through tsh over a native exec".into(),
+        x: "case".into(),
+        y: "time / native exec".into(),
+        categories: names,
+        series: vec![("p50".into(), p50s), ("p99".into(), p99s)],
+        mark: Some((2.0, "goal: tsh fs.stat at 2.0x (p50)".into())),
+    });
+    report.save();
 }

@@ -101,3 +101,104 @@ pub fn record(w: usize, i: usize) -> Vec<u8> {
     r.push_str("\"}\n");
     r.into_bytes()
 }
+
+/// What a whole-system benchmark found, for `make bench`'s report (`bench/report.md`): each
+/// table as it was printed, and the values of each ratio to plot. [`Report::save`] writes it
+/// to `target/bench-results/<bench>.json`, where `bench-report` reads it.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Report {
+    /// The benchmark.
+    pub bench: String,
+    /// The command that made it.
+    pub command: String,
+    /// What it measured, in a sentence or two.
+    pub about: String,
+    /// Its tables.
+    pub tables: Vec<Table>,
+    /// Its plots.
+    pub plots: Vec<Plot>,
+}
+
+/// A table of a report, in Markdown's columns.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Table {
+    /// Its title.
+    pub title: String,
+    /// Column headings.
+    pub header: Vec<String>,
+    /// Rows of cells.
+    pub rows: Vec<Vec<String>>,
+}
+
+/// A grouped bar chart: one group per category, one bar per series.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Plot {
+    /// The file name's stem (`<bench>-<id>.svg`).
+    pub id: String,
+    /// Its title.
+    pub title: String,
+    /// What the categories are.
+    pub x: String,
+    /// What the values are.
+    pub y: String,
+    /// The categories, in order.
+    pub categories: Vec<String>,
+    /// Each series: its name and one value per category (`None`: not measured).
+    pub series: Vec<(String, Vec<Option<f64>>)>,
+    /// A value drawn as a line across the chart, with its label (a goal, or parity).
+    pub mark: Option<(f64, String)>,
+}
+
+impl Report {
+    /// A report of `bench`, made by `command`.
+    pub fn new(bench: &str, command: &str, about: &str) -> Report {
+        Report {
+            bench: bench.into(),
+            command: command.into(),
+            about: about.into(),
+            tables: Vec::new(),
+            plots: Vec::new(),
+        }
+    }
+
+    /// Prints a table (Markdown) and keeps it.
+    pub fn table(&mut self, title: &str, header: &[&str], rows: Vec<Vec<String>>) {
+        println!("\n{title}:\n");
+        println!("| {} |", header.join(" | "));
+        let align: Vec<&str> = (0..header.len()).map(|i| if i == 0 { "---" } else { "---:" }).collect();
+        println!("|{}|", align.join("|"));
+        for r in &rows {
+            println!("| {} |", r.join(" | "));
+        }
+        self.tables.push(Table {
+            title: title.into(),
+            header: header.iter().map(|h| (*h).to_owned()).collect(),
+            rows,
+        });
+    }
+
+    /// Keeps a plot.
+    pub fn plot(&mut self, p: Plot) {
+        self.plots.push(p);
+    }
+
+    /// Writes the report under `target/bench-results/`.
+    pub fn save(&self) {
+        let dir = results_dir();
+        let _ = fs::create_dir_all(&dir);
+        let path = dir.join(format!("{}.json", self.bench));
+        match serde_json::to_vec_pretty(self) {
+            Ok(b) => {
+                if let Err(e) = fs::write(&path, b) {
+                    eprintln!("{}: {e}", path.display());
+                }
+            }
+            Err(e) => eprintln!("{}: {e}", self.bench),
+        }
+    }
+}
+
+/// Where reports are kept: `target/bench-results` (beside the build profile's directory).
+pub fn results_dir() -> PathBuf {
+    bin_dir().parent().map_or_else(|| PathBuf::from("target"), Path::to_path_buf).join("bench-results")
+}

@@ -274,7 +274,9 @@ fn a_turn_survives_kill_9_of_everything_but_storage_and_is_answered_once() {
     rt.send(json!({"op": "send", "id": "k1", "session": s, "cwd": cwd, "input": "wait then answer"}));
     rt.until(|f| f["type"] == "delta" && f["text"].as_str().unwrap_or("").contains("waiting"));
     // Everything but the storage: the daemon, the run's ctx agent start, its supervisor and
-    // sandbox, all with kill -9.
+    // sandbox, all with kill -9. Until the turn runs again, its run state is a dead
+    // supervisor's, which `ctx doctor`'s test must not see.
+    let _host = tests::NETWORK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut daemon = h.s.child.take().unwrap();
     daemon.kill().unwrap();
     daemon.wait().unwrap();
@@ -297,6 +299,14 @@ fn a_turn_survives_kill_9_of_everything_but_storage_and_is_answered_once() {
     rt.send(json!({"op": "send", "id": "k1", "session": s, "cwd": cwd, "input": "wait then answer"}));
     let f = rt.until(done("k1"));
     assert_eq!(f.last().unwrap()["status"], "ok", "{f:?}");
+    drop(_host);
+    // The killed run's mounts (its workspace) went when the turn ran again; the new run's go
+    // when it ends.
+    let t = Instant::now();
+    while fs::read_to_string("/proc/self/mountinfo").unwrap().contains(&format!("/sockrt/{s}/")) {
+        assert!(t.elapsed() < Duration::from_secs(10), "a run's mounts stayed behind");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // Sent again, to this daemon and to the next: the same run, answered from its record.
     rt.send(json!({"op": "send", "id": "k1", "session": s, "cwd": cwd, "input": "wait then answer"}));
     assert_eq!(rt.until(done("k1")).last().unwrap()["status"], "ok");

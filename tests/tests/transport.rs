@@ -73,6 +73,17 @@ fn the_ring_serves_requests_where_the_kernel_offers_it_and_auto_says_when_it_fal
     let pid = s.child.as_ref().unwrap().id();
     let names = threads(pid);
     assert!(names.iter().any(|n| n.starts_with("fuse-ring-")), "ring threads: {names:?}");
+    // The kernel's side: FUSE over io_uring starts no kernel thread of its own; what it did is
+    // in the completion queues of the daemon's rings (each fetch it answered, each commit).
+    let completions: u64 = fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .unwrap()
+        .filter_map(|e| fs::read_to_string(e.ok()?.path()).ok())
+        .filter_map(|t| t.lines().find_map(|l| l.strip_prefix("CqTail:")?.trim().parse::<u64>().ok()))
+        .sum();
+    assert!(
+        completions >= 100,
+        "the kernel completed the rings' commands: {completions} for {ring} requests"
+    );
 
     fs::create_dir_all(s.storage.join("agent/ringer.d")).unwrap();
     fs::write(s.storage.join("agent/ringer"), "#!/bin/sh\necho ok\n").unwrap();

@@ -361,15 +361,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let views = Arc::new(server::control::Views::new(config, Arc::clone(&pool)));
     views.watch().map_err(|e| Exit::new(exit::INTERNAL, format!("cannot start the view notifier: {e}")))?;
-    server::control::listen(&a.control, Arc::clone(&views)).map_err(|e| {
-        Exit::new(exit::UNAVAILABLE, format!("cannot listen on {}: {e}", a.control.display()))
-    })?;
+    // Agent sockets first: a daemon is up once its control socket is.
     let storage = std::fs::canonicalize(&a.source).unwrap_or_else(|_| a.source.clone());
     ctxterm::launch::asock::spawn(mp, &storage, &a.control).map_err(|e| {
         Exit::new(
             exit::UNAVAILABLE,
             format!("cannot serve agent sockets beside {}: {e}", a.control.display()),
         )
+    })?;
+    server::control::listen(&a.control, Arc::clone(&views)).map_err(|e| {
+        Exit::new(exit::UNAVAILABLE, format!("cannot listen on {}: {e}", a.control.display()))
     })?;
     stop_when_unmounted(mp.clone())
         .map_err(|e| Exit::new(exit::INTERNAL, format!("cannot watch the mount table: {e}")))?;
@@ -381,6 +382,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     notify("STOPPING=1");
     views.shutdown();
+    ctxterm::launch::asock::remove_all(&storage, &a.control);
     let _ = std::fs::remove_file(&a.control);
     // Unmounted from outside already (`umount -R`): nothing is left to unmount.
     let outside = !is_mount_point(mp);

@@ -40,6 +40,10 @@ use super::session;
 
 /// Most bytes of a turn's output kept for its answer (the rest still streams).
 const ANSWER_MAX: usize = 4 << 20;
+/// Most bytes of a turn's output kept to stream to its followers.
+const OUTPUT_KEPT: usize = 16 << 20;
+/// Most finished runs kept in memory (older ones answer from their records).
+const FINISHED_KEPT: usize = 256;
 /// Most connections served at once, over all agents.
 const CONNECTIONS_MAX: usize = 256;
 /// The file in a session that names the hosted CLI's own conversation of it.
@@ -60,14 +64,32 @@ struct Turn {
 
 struct TurnState {
     frames: Vec<Value>,
+    /// Bytes of the `delta` and `progress` frames kept.
+    kept: usize,
     done: bool,
     cancelled: bool,
     child: Option<u32>,
 }
 
 impl Turn {
+    /// Keeps a frame for the turn's followers. Output beyond [`OUTPUT_KEPT`] is not kept (the
+    /// answer is still recorded whole, up to [`ANSWER_MAX`]): one frame says so.
     fn push(&self, frame: Value) {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(frame["type"].as_str(), Some("delta" | "progress")) {
+            let n = frame["text"].as_str().map_or(0, str::len);
+            if s.kept + n > OUTPUT_KEPT {
+                if s.kept <= OUTPUT_KEPT {
+                    s.kept = OUTPUT_KEPT + 1;
+                    let id = frame["id"].clone();
+                    s.frames.push(json!({"type": "progress", "id": id,
+                        "text": format!("[cortexfs: output past {OUTPUT_KEPT} bytes is not streamed]\n")}));
+                    self.changed.notify_all();
+                }
+                return;
+            }
+            s.kept += n;
+        }
         s.frames.push(frame);
         self.changed.notify_all();
     }
@@ -123,7 +145,9 @@ struct Server {
 pub fn spawn(ctx: &Path, storage: &Path, control: &Path) -> std::io::Result<()> {
     let dir = socket_dir(control);
     std::fs::create_dir_all(&dir)?;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+    // Passed through, not listed (the default is the directory of runs, whose names are
+    // nobody else's business): connecting needs only the search bit.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?;
     let server = Arc::new(Server {
         ctx: ctx.to_path_buf(),
         storage: storage.to_path_buf(),
@@ -134,8 +158,26 @@ pub fn spawn(ctx: &Path, storage: &Path, control: &Path) -> std::io::Result<()> 
         busy: Mutex::new(HashMap::new()),
         connections: Mutex::new(0),
     });
-    std::thread::Builder::new().name("agent-sockets".into()).spawn(move || server.listen())?;
+    // The agents there now have their sockets before this returns (and so before the daemon
+    // says it is up); later ones within a second.
+    let mut listeners = HashMap::new();
+    server.rescan(&mut listeners);
+    std::thread::Builder::new().name("agent-sockets".into()).spawn(move || server.listen(listeners))?;
     Ok(())
+}
+
+/// Removes the agent sockets of the daemon whose control socket is `control`, and the
+/// storage's `agent/<name>.sock` symlinks that lead to them (the daemon is stopping).
+pub fn remove_all(storage: &Path, control: &Path) {
+    let dir = socket_dir(control);
+    for name in agents(storage) {
+        let socket = dir.join(format!("{name}.sock"));
+        let link = storage.join("agent").join(format!("{name}.sock"));
+        if std::fs::read_link(&link).ok().as_deref() == Some(socket.as_path()) {
+            let _ = std::fs::remove_file(&link);
+        }
+        let _ = std::fs::remove_file(&socket);
+    }
 }
 
 /// The agent objects in `storage`: names with an executable and a control directory.
@@ -158,29 +200,33 @@ impl Server {
     }
 
     /// Keeps a listener per agent object, and the object's `.sock` symlink to it; accepts.
-    fn listen(self: Arc<Self>) {
-        let mut listeners: HashMap<String, UnixListener> = HashMap::new();
-        loop {
-            let now = agents(&self.storage);
-            listeners.retain(|name, _| {
-                let keep = now.contains(name);
-                if !keep {
-                    let _ = std::fs::remove_file(self.socket(name));
-                    let _ = std::fs::remove_file(self.storage.join("agent").join(format!("{name}.sock")));
-                }
-                keep
-            });
-            for name in now {
-                if listeners.contains_key(&name) {
-                    continue;
-                }
-                match self.bind(&name) {
-                    Ok(l) => {
-                        listeners.insert(name, l);
-                    }
-                    Err(e) => tracing::warn!("agent socket of {name}: {e}"),
-                }
+    /// Binds the sockets of agents that appeared, drops those of agents that went.
+    fn rescan(&self, listeners: &mut HashMap<String, UnixListener>) {
+        let now = agents(&self.storage);
+        listeners.retain(|name, _| {
+            let keep = now.contains(name);
+            if !keep {
+                let _ = std::fs::remove_file(self.socket(name));
+                let _ = std::fs::remove_file(self.storage.join("agent").join(format!("{name}.sock")));
             }
+            keep
+        });
+        for name in now {
+            if listeners.contains_key(&name) {
+                continue;
+            }
+            match self.bind(&name) {
+                Ok(l) => {
+                    listeners.insert(name, l);
+                }
+                Err(e) => tracing::warn!("agent socket of {name}: {e}"),
+            }
+        }
+    }
+
+    fn listen(self: Arc<Self>, mut listeners: HashMap<String, UnixListener>) {
+        loop {
+            self.rescan(&mut listeners);
             let names: Vec<&String> = listeners.keys().collect();
             let mut fds: Vec<rustix::event::PollFd<'_>> = names
                 .iter()
@@ -480,13 +526,29 @@ impl Server {
         let t = Arc::new(Turn {
             agent: agent.to_owned(),
             session: s.session.clone(),
-            state: Mutex::new(TurnState { frames: Vec::new(), done: false, cancelled: false, child: None }),
+            state: Mutex::new(TurnState {
+                frames: Vec::new(),
+                kept: 0,
+                done: false,
+                cancelled: false,
+                child: None,
+            }),
             changed: Condvar::new(),
         });
-        self.turns
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert((agent.to_owned(), s.id.clone()), Arc::clone(&t));
+        {
+            let mut turns = self.turns.lock().unwrap_or_else(|e| e.into_inner());
+            // Past FINISHED_KEPT finished runs, the surplus is forgotten: their records answer
+            // for them (a send of their id replays the recorded answer).
+            let done: Vec<(String, String)> = turns
+                .iter()
+                .filter(|(_, t)| t.state.lock().unwrap_or_else(|e| e.into_inner()).done)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in done.iter().take(done.len().saturating_sub(FINISHED_KEPT)) {
+                turns.remove(k);
+            }
+            turns.insert((agent.to_owned(), s.id.clone()), Arc::clone(&t));
+        }
         let me = Arc::clone(self);
         let run = Arc::clone(&t);
         let spawned = std::thread::Builder::new().name(format!("turn-{agent}")).spawn(move || {

@@ -56,6 +56,9 @@ pub fn prepare(c: &Contract) -> Result<()> {
     if let Some(pid) = supervisor(&c.runtime) {
         return Err(Error::State(format!("agent {} session {} is running (pid {pid})", c.agent, c.session)));
     }
+    // A run whose supervisor was killed (kill -9) left its mounts (the idmapped workspace)
+    // behind: they go before its directory does, or it cannot.
+    unmount_below(&c.runtime);
     let _ = std::fs::remove_dir_all(&c.runtime);
     let agents = (Some(rustix::fs::Uid::from_raw(c.uid)), Some(rustix::fs::Gid::from_raw(c.gid)));
     for dir in ["term", "receipt"] {
@@ -70,6 +73,26 @@ pub fn prepare(c: &Contract) -> Result<()> {
         d.pop();
     }
     Ok(())
+}
+
+/// Detaches every mount at or below `dir`, deepest first (`/proc/self/mountinfo`).
+pub fn unmount_below(dir: &Path) {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return };
+    let mut points: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        // mountinfo escapes space, tab, newline and backslash as octal.
+        .map(|p| {
+            PathBuf::from(
+                p.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\"),
+            )
+        })
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for p in points {
+        let _ = rustix::mount::unmount(&p, rustix::mount::UnmountFlags::DETACH);
+    }
 }
 
 /// Creates (or truncates) a file of the run directory that only root reads (0600).

@@ -486,6 +486,9 @@ impl CtxFs {
             [_] => true,
             ["tool", name, ..] if name.ends_with(".d") => a.tool_granted(&self.storage, &object(name)),
             ["tool", name, ..] => a.tool(&self.storage, &object(name)),
+            // An agent's socket is for callers on the host (it leads to the daemon's runtime
+            // directory, which no sandbox holds): views do not show it.
+            ["agent", name] if name.ends_with(".sock") => false,
             ["agent", name, ..] => a.agent(&self.storage, &object(name)),
             ["model", rest @ ..] => {
                 let end = rest
