@@ -198,7 +198,7 @@ impl Report {
     }
 }
 
-/// Where reports are kept: `target/bench-results` (beside the build profile's directory).
+/// Where reports are kept: the workspace's `target/bench-results`.
 pub fn results_dir() -> PathBuf {
-    bin_dir().parent().map_or_else(|| PathBuf::from("target"), Path::to_path_buf).join("bench-results")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-results")
 }

@@ -66,7 +66,7 @@ fn draw(p: &Plot, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()?;
