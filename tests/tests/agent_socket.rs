@@ -184,6 +184,14 @@ fn a_client_drives_two_agents_at_once_and_each_turn_is_recorded_once() {
     assert_eq!(rt.until(done("rt1")).last().unwrap()["status"], "cancelled");
     other.send(json!({"op": "ping"}));
     assert_eq!(other.next()["type"], "pong");
+    other.send(json!({"op": "fly"}));
+    let e = other.next();
+    assert_eq!((e["type"].as_str(), e["code"].as_str()), (Some("error"), Some("EINVAL")), "{e}");
+    // A frame over 1 MiB is refused, and the connection closed.
+    let mut big = Client::to(&h, "sockrt");
+    let _ = big.w.write_all(&vec![b'x'; (1 << 20) + 16]);
+    let e = big.next();
+    assert_eq!(e["code"], "EMSGSIZE", "{e}");
     // Codex continues its own conversation of the session.
     cx.send(json!({"op": "send", "id": "cx2", "session": s, "cwd": cwd, "input": "again"}));
     assert_eq!(cx.until(done("cx2")).last().unwrap()["status"], "ok");
