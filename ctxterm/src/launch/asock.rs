@@ -847,12 +847,7 @@ fn read_records(dir: &Path) -> Vec<Value> {
 
 /// Appends one record to a session's `messages.jsonl`: durable when it returns.
 fn append(dir: &Path, record: &Value) -> std::io::Result<()> {
-    let mut line = record.to_string();
-    line.push('\n');
-    std::fs::OpenOptions::new()
-        .append(true)
-        .open(dir.join("messages.jsonl"))
-        .and_then(|mut f| f.write_all(line.as_bytes()))
+    session::append_line(dir, "messages.jsonl", record)
 }
 
 /// Writes one frame.

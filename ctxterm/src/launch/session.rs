@@ -146,11 +146,17 @@ pub fn finish(d: &Path, code: i32) {
 
 /// Appends one event line to a session's `events.jsonl`: durable when it returns.
 pub fn append_event(dir: &Path, event: &serde_json::Value) -> std::io::Result<()> {
-    let mut line = event.to_string();
+    append_line(dir, "events.jsonl", event)
+}
+
+/// Appends `value` as one JSON line to the session log `log` (`events.jsonl` or
+/// `messages.jsonl`) of the session directory `dir`: durable when it returns (through /ctx).
+pub fn append_line(dir: &Path, log: &str, value: &serde_json::Value) -> std::io::Result<()> {
+    let mut line = value.to_string();
     line.push('\n');
     std::fs::OpenOptions::new()
         .append(true)
-        .open(dir.join("events.jsonl"))
+        .open(dir.join(log))
         .and_then(|mut f| f.write_all(line.as_bytes()))
 }
 
