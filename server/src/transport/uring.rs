@@ -34,6 +34,7 @@ use std::thread::JoinHandle;
 use fuse_backend_rs::transport::{FuseBuf, FuseDevWriter, Reader};
 use io_uring::{IoUring, cqueue, opcode, squeue, types};
 use rustix::event::{EventfdFlags, eventfd};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use super::pool::Conn;
 
@@ -60,18 +61,18 @@ impl<'a> WriteRequest<'a> {
     /// `head`: the in header then `fuse_write_in`; `data`: what follows them (at least
     /// `size` bytes).
     pub(crate) fn parse(head: &[u8], data: &'a [u8]) -> Option<WriteRequest<'a>> {
-        if head.len() < IN_HEADER + 40 || u32_at(head, 4) != OP_WRITE {
+        let h: InHeader = read(head)?;
+        let w: WriteIn = read(head.get(IN_HEADER..)?)?;
+        if h.opcode != OP_WRITE {
             return None;
         }
-        let w = IN_HEADER;
-        let size = u32_at(head, w + 16) as usize;
         Some(WriteRequest {
-            unique: u64_at(head, 8),
-            ino: u64_at(head, 16),
-            fh: u64_at(head, w),
-            offset: u64_at(head, w + 8),
-            flags: u32_at(head, w + 32),
-            data: data.get(..size)?,
+            unique: h.unique,
+            ino: h.nodeid,
+            fh: w.fh,
+            offset: w.offset,
+            flags: w.flags,
+            data: data.get(..w.size as usize)?,
         })
     }
 }
@@ -83,11 +84,8 @@ pub(crate) fn write_reply(out: &mut [u8; 24], unique: u64, r: io::Result<usize>)
         Ok(n) => (24u32, 0i32, u32::try_from(n).unwrap_or(u32::MAX)),
         Err(e) => (16, -e.raw_os_error().unwrap_or(libc::EIO), 0),
     };
-    out[0..4].copy_from_slice(&len.to_ne_bytes());
-    out[4..8].copy_from_slice(&error.to_ne_bytes());
-    out[8..16].copy_from_slice(&unique.to_ne_bytes());
-    out[16..20].copy_from_slice(&size.to_ne_bytes());
-    out[20..24].fill(0);
+    out[..OUT_HEADER].copy_from_slice(OutHeader { len, error, unique }.as_bytes());
+    out[OUT_HEADER..].copy_from_slice(WriteOut { size, padding: 0 }.as_bytes());
     len as usize
 }
 
@@ -138,35 +136,120 @@ fn queues() -> usize {
         .map_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()), |m| m + 1)
 }
 
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_ne_bytes(b[at..at + 4].try_into().expect("four bytes"))
+/// `struct fuse_in_header`.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+struct InHeader {
+    len: u32,
+    opcode: u32,
+    unique: u64,
+    nodeid: u64,
+    uid: u32,
+    gid: u32,
+    pid: u32,
+    total_extlen: u16,
+    padding: u16,
 }
 
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_ne_bytes(b[at..at + 8].try_into().expect("eight bytes"))
+/// `struct fuse_out_header`.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+struct OutHeader {
+    len: u32,
+    error: i32,
+    unique: u64,
+}
+
+/// `struct fuse_write_in`.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+struct WriteIn {
+    fh: u64,
+    offset: u64,
+    size: u32,
+    write_flags: u32,
+    lock_owner: u64,
+    flags: u32,
+    padding: u32,
+}
+
+/// `struct fuse_write_out`.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+struct WriteOut {
+    size: u32,
+    padding: u32,
+}
+
+/// `struct fuse_uring_ent_in_out`.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+struct EntInOut {
+    flags: u64,
+    commit_id: u64,
+    payload_sz: u32,
+    padding: u32,
+    reserved: u64,
+}
+
+/// The start of `struct fuse_init_in`, up to `flags2` (protocol 7.36).
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+struct InitIn {
+    major: u32,
+    minor: u32,
+    max_readahead: u32,
+    flags: u32,
+    flags2: u32,
+}
+
+/// The start of `struct fuse_init_out`, up to `flags2`.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+struct InitOut {
+    major: u32,
+    minor: u32,
+    max_readahead: u32,
+    flags: u32,
+    max_background: u16,
+    congestion_threshold: u16,
+    max_write: u32,
+    time_gran: u32,
+    max_pages: u16,
+    map_alignment: u16,
+    flags2: u32,
+}
+
+// The kernel's layouts, checked where they are built.
+const _: () = assert!(size_of::<InHeader>() == IN_HEADER && size_of::<OutHeader>() == OUT_HEADER);
+const _: () = assert!(size_of::<WriteIn>() == 40 && size_of::<WriteOut>() == 8);
+const _: () = assert!(size_of::<EntInOut>() == HEADER - ENT && size_of::<InitOut>() == 36);
+
+/// The `T` at the start of `b` (a copy: ring memory has no alignment to rely on here).
+fn read<T: FromBytes>(b: &[u8]) -> Option<T> {
+    T::read_from_prefix(b).ok().map(|(t, _)| t)
 }
 
 /// Whether an INIT request (`fuse_in_header` then `fuse_init_in`) offers FUSE over io_uring.
 pub(crate) fn offered(req: &[u8]) -> bool {
     // fuse_init_in: major, minor, max_readahead, flags, then (7.36) flags2.
-    let flags = |at| (req.len() >= at + 4).then(|| u32_at(req, at));
-    let (Some(flags), Some(flags2)) = (flags(IN_HEADER + 12), flags(IN_HEADER + 16)) else { return false };
-    flags & FUSE_INIT_EXT != 0 && (u64::from(flags2) << 32) & FUSE_OVER_IO_URING != 0
+    let Some(i) = req.get(IN_HEADER..).and_then(read::<InitIn>) else { return false };
+    i.flags & FUSE_INIT_EXT != 0 && (u64::from(i.flags2) << 32) & FUSE_OVER_IO_URING != 0
 }
 
 /// Adds `FUSE_OVER_IO_URING` to an INIT reply (`fuse_out_header` then `fuse_init_out`) that
 /// succeeded; false when it did not, or is too short to carry `flags2`.
 pub(crate) fn accept(reply: &mut [u8]) -> bool {
-    // fuse_init_out: flags at 12, flags2 at 32.
-    let (flags, flags2) = (OUT_HEADER + 12, OUT_HEADER + 32);
-    if reply.len() < flags2 + 4 || u32_at(reply, 4) != 0 {
+    let (Some(h), Some(mut o)) = (read::<OutHeader>(reply), reply.get(OUT_HEADER..).and_then(read::<InitOut>))
+    else {
+        return false;
+    };
+    if h.error != 0 {
         return false;
     }
-    let f = u32_at(reply, flags) | FUSE_INIT_EXT;
-    let f2 = u32_at(reply, flags2) | (FUSE_OVER_IO_URING >> 32) as u32;
-    reply[flags..flags + 4].copy_from_slice(&f.to_ne_bytes());
-    reply[flags2..flags2 + 4].copy_from_slice(&f2.to_ne_bytes());
-    true
+    o.flags |= FUSE_INIT_EXT;
+    o.flags2 |= (FUSE_OVER_IO_URING >> 32) as u32;
+    o.write_to_prefix(&mut reply[OUT_HEADER..]).is_ok()
 }
 
 /// What a connection asks of the rings.
@@ -514,9 +597,8 @@ fn register(
 
 /// Sets `ring_ent_in_out` for a reply: flags, commit_id, payload_sz, padding, reserved.
 fn set_ent(buf: &mut [u8], unique: u64, payload: usize) {
-    buf[ENT..ENT + 8].fill(0);
-    buf[ENT + 8..ENT + 16].copy_from_slice(&unique.to_ne_bytes());
-    buf[ENT + 16..ENT + 20].copy_from_slice(&(payload as u32).to_ne_bytes());
+    let ent = EntInOut { flags: 0, commit_id: unique, payload_sz: payload as u32, padding: 0, reserved: 0 };
+    buf[ENT..HEADER].copy_from_slice(ent.as_bytes());
 }
 
 /// Serves the request in `entry` (registered as `ud`) and leaves the reply there; returns the
@@ -526,10 +608,11 @@ fn handle(conn: &Conn, entry: &mut Entry, ud: u64, mailbox: &Mailbox) -> Option<
     let buf = entry.mem.bytes();
     let mut inh = [0u8; IN_HEADER];
     inh.copy_from_slice(&buf[..IN_HEADER]);
-    let unique = u64_at(&inh, 8);
-    let in_len = u32_at(&inh, 0) as usize;
-    let payload = (u32_at(buf, ENT + 16) as usize).min(PAYLOAD);
-    if u32_at(&inh, 4) == OP_WRITE {
+    let h: InHeader = read(&inh)?;
+    let ent: EntInOut = read(&buf[ENT..])?;
+    let (unique, in_len) = (h.unique, h.len as usize);
+    let payload = (ent.payload_sz as usize).min(PAYLOAD);
+    if h.opcode == OP_WRITE {
         let mut head = [0u8; IN_HEADER + 40];
         head[..IN_HEADER].copy_from_slice(&inh);
         head[IN_HEADER..].copy_from_slice(&buf[IN_OUT..IN_OUT + 40]);
@@ -573,9 +656,10 @@ fn handle(conn: &Conn, entry: &mut Entry, ud: u64, mailbox: &Mailbox) -> Option<
         let _ = conn.server.handle_message(reader, w.into(), None, None);
         Some(())
     })();
-    let out_len = u32_at(&buf[at..], 0) as usize;
+    let o = read::<OutHeader>(&buf[at..]);
+    let out_len = o.as_ref().map_or(0, |o| o.len as usize);
     let replied = served.is_some()
-        && u64_at(&buf[at..], 8) == unique
+        && o.is_some_and(|o| o.unique == unique)
         && (OUT_HEADER..=cap.min(OUT_HEADER + PAYLOAD)).contains(&out_len);
     let data = if replied { out_len - OUT_HEADER } else { 0 };
     let mut out = [0u8; OUT_HEADER];
@@ -585,9 +669,7 @@ fn handle(conn: &Conn, entry: &mut Entry, ud: u64, mailbox: &Mailbox) -> Option<
             buf.copy_within(at + OUT_HEADER..at + OUT_HEADER + data, HEADER);
         }
     } else {
-        out[0..4].copy_from_slice(&(OUT_HEADER as u32).to_ne_bytes());
-        out[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
-        out[8..16].copy_from_slice(&unique.to_ne_bytes());
+        out.copy_from_slice(OutHeader { len: OUT_HEADER as u32, error: -libc::EIO, unique }.as_bytes());
     }
     buf[..OUT_HEADER].copy_from_slice(&out);
     set_ent(buf, unique, data);
