@@ -270,6 +270,40 @@ fn a_client_drives_two_agents_at_once_and_each_turn_is_recorded_once() {
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "ANSWER: TEMPLATED tpl");
 }
 
+/// An agent may plant symlinks in its own sessions; the root daemon preparing a session for a
+/// turn (or a run) follows none of them: nothing outside is chowned, written or truncated.
+#[test]
+fn a_session_prepared_for_a_turn_follows_no_symlink_the_agent_planted() {
+    use std::os::unix::fs::MetadataExt;
+    let ep = Endpoint::start("true", "unused");
+    let h = host(&ep);
+    let cwd = h.work.display().to_string();
+    let mnt = h.s.mnt.display().to_string();
+    let victim_dir = h.s.dir.path().join("victim");
+    fs::create_dir(&victim_dir).unwrap();
+    fs::set_permissions(&victim_dir, fs::Permissions::from_mode(0o700)).unwrap();
+    let victim = victim_dir.join("secret");
+    fs::write(&victim, "root's\n").unwrap();
+    let sessions = h.s.storage.join("home/1001/agent/sockrt/session");
+    fs::create_dir_all(&sessions).unwrap();
+    // The session directory itself a symlink to a root directory.
+    let evil = tests::unique("ev");
+    std::os::unix::fs::symlink(&victim_dir, sessions.join(&evil)).unwrap();
+    let o = ctx(&["send", "sockrt", "x", "--session", &evil, "--cwd", &cwd, "--ctx", &mnt, "--wait"], &[], "");
+    assert!(!o.status.success(), "{}", tests::shown(&o));
+    // A file of the session (its state) a symlink to a root file.
+    let sneaky = tests::unique("sn");
+    fs::create_dir_all(sessions.join(&sneaky)).unwrap();
+    std::os::unix::fs::symlink(&victim, sessions.join(&sneaky).join("state")).unwrap();
+    let _ = ctx(&["send", "sockrt", "y", "--session", &sneaky, "--cwd", &cwd, "--ctx", &mnt, "--wait"], &[], "");
+    let m = fs::metadata(&victim_dir).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o7777), (0, 0o700), "the directory is untouched");
+    let m = fs::metadata(&victim).unwrap();
+    assert_eq!(m.uid(), 0, "the file is still root's");
+    assert_eq!(fs::read_to_string(&victim).unwrap(), "root's\n", "and holds what it held");
+    assert!(!victim_dir.join("context").exists() && !victim_dir.join("messages.jsonl").exists());
+}
+
 #[test]
 fn a_turn_survives_kill_9_of_everything_but_storage_and_is_answered_once() {
     let ep = Endpoint::start("true", "unused");

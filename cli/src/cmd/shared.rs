@@ -136,7 +136,7 @@ pub fn run(c: Cmd) -> anyhow::Result<()> {
                 )
                 .map_err(|e| Exit::io(d.display(), &e.into()))?;
                 // tool/ is the space's to install into, not its members' to write.
-                let m = if d.ends_with("tool") { mode & !0o022 | 0o050 } else { mode };
+                let m = if *d == dir.join("tool") { mode & !0o022 | 0o050 } else { mode };
                 std::fs::set_permissions(d, std::fs::Permissions::from_mode(m))
                     .map_err(|e| Exit::io(d.display(), &e))?;
             }

@@ -433,7 +433,7 @@ impl Server {
                     .busy
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .get(&(agent.to_owned(), session.clone()))
+                    .get(&busy_key(agent, space.as_deref(), &session))
                     .cloned();
                 if let Some(id) = &live
                     && let Some(t) = self.turn(agent, id)
@@ -458,6 +458,44 @@ impl Server {
                 }
             }
         }
+    }
+
+    /// Binds the directory `c` (the caller's own, unless the caller is root) at a path of the
+    /// daemon's runtime directory, from a descriptor opened without following a symlink.
+    fn pin(&self, c: &str, caller: u32) -> Result<PathBuf, Refusal> {
+        use rustix::fs::{Mode, OFlags, ResolveFlags};
+        use rustix::mount::{MoveMountFlags, OpenTreeFlags};
+        let refuse = |code: &'static str, message: String| Refusal { code, message };
+        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let fd = rustix::fs::openat2(rustix::fs::CWD, c, flags, Mode::empty(), ResolveFlags::NO_SYMLINKS)
+            .map_err(|e| match e {
+                rustix::io::Errno::LOOP | rustix::io::Errno::XDEV => {
+                    refuse("EACCES", format!("cwd {c}: a path through a symlink is not given to an agent"))
+                }
+                rustix::io::Errno::NOTDIR => refuse("ENOTDIR", format!("cwd {c} is not a directory")),
+                e => refuse("ENOENT", format!("cwd {c}: {e}")),
+            })?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| refuse("EIO", format!("cwd {c}: {e}")))?;
+        if caller != 0 && st.st_uid != caller {
+            return Err(refuse("EACCES", format!("cwd {c} is not the caller's (uid {caller}) to give")));
+        }
+        let tree = rustix::mount::open_tree(
+            &fd,
+            "",
+            OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC | OpenTreeFlags::AT_EMPTY_PATH,
+        )
+        .map_err(|e| refuse("EIO", format!("cwd {c}: open_tree: {e}")))?;
+        let pins = self.dir.join(".cwd");
+        let io = |e: std::io::Error| refuse("EIO", format!("{}: {e}", pins.display()));
+        std::fs::create_dir_all(&pins).map_err(io)?;
+        std::fs::set_permissions(&pins, std::fs::Permissions::from_mode(0o711)).map_err(io)?;
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let at = pins.join(format!("{}.{n}", std::process::id()));
+        let _ = std::fs::create_dir(&at);
+        rustix::mount::move_mount(&tree, "", rustix::fs::CWD, &at, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
+            .map_err(|e| refuse("EIO", format!("cwd {c}: move_mount: {e}")))?;
+        Ok(at)
     }
 
     fn session_dir(&self, agent: &str, space: Option<&str>, session: &str) -> Option<PathBuf> {
@@ -515,7 +553,8 @@ impl Server {
                 refuse(code, e.to_string())
             })?;
         }
-        let key = (agent.to_owned(), s.session.clone());
+        let key = busy_key(agent, s.space.as_deref(), &s.session);
+        let (busy_key, id) = (key.clone(), s.id.clone());
         {
             let mut busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(other) = busy.get(&key) {
@@ -557,17 +596,16 @@ impl Server {
             run.finish(end);
         });
         if let Err(e) = spawned {
-            self.busy
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&(agent.to_owned(), t.session.clone()));
+            self.busy.lock().unwrap_or_else(|e| e.into_inner()).remove(&busy_key);
+            self.turns.lock().unwrap_or_else(|e| e.into_inner()).remove(&(agent.to_owned(), id));
+            t.finish(json!({"type": "done", "status": "error"}));
             return Err(refuse("EAGAIN", format!("cannot start the turn: {e}")));
         }
         Ok(t)
     }
 
     /// Runs the turn; returns its `done` frame.
-    fn run(&self, t: &Turn, uid: u32, gid: u32, caller: u32, s: &asock::Send) -> Value {
+    fn run(&self, t: &Arc<Turn>, uid: u32, gid: u32, caller: u32, s: &asock::Send) -> Value {
         let fail = |code: &str, message: String| {
             t.push(json!({"type": "error", "id": s.id, "code": code, "message": message}));
             json!({"type": "done", "id": s.id, "status": "error"})
@@ -612,8 +650,18 @@ impl Server {
             .arg(&self.ctx)
             .arg("--control")
             .arg(&self.control);
-        match &s.cwd {
-            Some(c) => cmd.arg("--cwd").arg(c),
+        // The caller's directory, pinned: opened without following a symlink, checked to be
+        // the caller's on that descriptor, and bound from it where only root can change what
+        // the name leads to; the run binds the pin, never the caller's path again.
+        let pin = match &s.cwd {
+            Some(c) => match self.pin(c, caller) {
+                Ok(p) => Some(Pin(p)),
+                Err(r) => return fail(r.code, r.message),
+            },
+            None => None,
+        };
+        match &pin {
+            Some(p) => cmd.arg("--cwd").arg(&p.0),
             None => cmd.arg("--no-default-workspace"),
         };
         if let Some(space) = &s.space {
@@ -629,7 +677,16 @@ impl Server {
             Ok(c) => c,
             Err(e) => return fail("EAGAIN", format!("ctx agent start: {e}")),
         };
-        t.state.lock().unwrap_or_else(|e| e.into_inner()).child = Some(child.id());
+        {
+            // A cancel that came before the child existed stops it now.
+            let mut st = t.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.child = Some(child.id());
+            if st.cancelled
+                && let Some(p) = rustix::process::Pid::from_raw(child.id() as i32)
+            {
+                let _ = rustix::process::kill_process_group(p, rustix::process::Signal::TERM);
+            }
+        }
         if let Some(mut i) = child.stdin.take() {
             let input = if profile == "pi" { String::new() } else { prompt.clone() };
             std::thread::spawn(move || {
@@ -638,30 +695,23 @@ impl Server {
         }
         let err = child.stderr.take().map(|e| {
             let id = s.id.clone();
-            let frames = Arc::new(Mutex::new(Vec::<Value>::new()));
             let text = Arc::new(Mutex::new(String::new()));
-            let (f2, t2) = (Arc::clone(&frames), Arc::clone(&text));
+            let (turn, t2) = (Arc::clone(t), Arc::clone(&text));
             let h = std::thread::spawn(move || {
                 chunks(e, |c| {
                     let mut t = t2.lock().unwrap_or_else(|e| e.into_inner());
                     if t.len() < ANSWER_MAX {
                         t.push_str(c);
                     }
-                    f2.lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push(json!({"type": "progress", "id": id, "text": c}));
+                    drop(t);
+                    turn.push(json!({"type": "progress", "id": id, "text": c}));
                 });
             });
-            (h, frames, text)
+            (h, text)
         });
         let mut answer = String::new();
         if let Some(o) = child.stdout.take() {
             chunks(o, |c| {
-                if let Some((_, frames, _)) = &err {
-                    for f in frames.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
-                        t.push(f);
-                    }
-                }
                 if answer.len() < ANSWER_MAX {
                     answer.push_str(c);
                 }
@@ -669,12 +719,11 @@ impl Server {
             });
         }
         let status = child.wait().map(super::supervise::code_of).unwrap_or(70);
+        // Its pid may be another process's from now on.
+        t.state.lock().unwrap_or_else(|e| e.into_inner()).child = None;
         let mut stderr = String::new();
-        if let Some((h, frames, text)) = err {
+        if let Some((h, text)) = err {
             let _ = h.join();
-            for f in frames.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
-                t.push(f);
-            }
             stderr = text.lock().unwrap_or_else(|e| e.into_inner()).clone();
         }
         let cancelled = t.state.lock().unwrap_or_else(|e| e.into_inner()).cancelled;
@@ -687,14 +736,9 @@ impl Server {
         };
         if status == 0
             && let Some(id) = new_cli_session.or_else(|| codex_session(&profile, &stderr))
-            && !dir.join(CLI_SESSION).exists()
+            && session::read_file(&dir, CLI_SESSION, 128).is_err()
         {
-            let _ = std::fs::write(dir.join(CLI_SESSION), format!("{id}\n"));
-            let _ = rustix::fs::chown(
-                dir.join(CLI_SESSION),
-                Some(rustix::fs::Uid::from_raw(uid)),
-                Some(rustix::fs::Gid::from_raw(gid)),
-            );
+            let _ = session::replace_file(&dir, CLI_SESSION, &format!("{id}\n"));
         }
         let content = answer.trim_end().to_owned();
         let mut record = json!({"ts": session::timestamp(), "role": "assistant", "id": s.id,
@@ -718,6 +762,21 @@ impl Server {
                 "message": format!("the run ended with status {status}")}));
         }
         json!({"type": "done", "id": s.id, "status": state, "exit": status})
+    }
+}
+
+/// The key of a session in the map of running ones: the agent, and the session with its space.
+fn busy_key(agent: &str, space: Option<&str>, session: &str) -> (String, String) {
+    (agent.to_owned(), space.map_or_else(|| session.to_owned(), |sp| format!("{sp}/{session}")))
+}
+
+/// A pinned working directory, unmounted and removed when the turn is over.
+struct Pin(PathBuf);
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
+        let _ = std::fs::remove_dir(&self.0);
     }
 }
 
@@ -751,10 +810,9 @@ fn cli_args(
     dir: &Path,
     prompt: &str,
 ) -> Result<(Vec<String>, Option<String>), String> {
-    let known =
-        std::fs::read_to_string(dir.join(CLI_SESSION)).ok().map(|s| s.trim().to_owned()).filter(|s| {
-            !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        });
+    let known = session::read_file(dir, CLI_SESSION, 128).ok().map(|s| s.trim().to_owned()).filter(|s| {
+        !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    });
     let v = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
     Ok(match profile {
         "codex" => {
@@ -837,11 +895,10 @@ fn chunks(mut r: impl Read, mut f: impl FnMut(&str)) {
     }
 }
 
-/// The records of a session's `messages.jsonl` (lines that are JSON), bounded.
+/// The records of a session's `messages.jsonl` (lines that are JSON), bounded; never read
+/// through a symlink.
 fn read_records(dir: &Path) -> Vec<Value> {
-    let mut text = String::new();
-    let _ = std::fs::File::open(dir.join("messages.jsonl"))
-        .and_then(|f| f.take(64 << 20).read_to_string(&mut text));
+    let text = session::read_file(dir, "messages.jsonl", 64 << 20).unwrap_or_default();
     text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
 }
 

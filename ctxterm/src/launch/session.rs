@@ -5,8 +5,11 @@
 //! was stopped.
 
 use std::io::Write;
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::time::SystemTime;
+
+use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
 
 use policy::runtime;
 
@@ -43,11 +46,38 @@ pub fn prepare_home(ctx: &Path, uid: u32, gid: u32, agent: &str) -> Result<std::
     Ok(h)
 }
 
+/// Opens the directory `d` without following a symlink anywhere on its path: a session's
+/// directories are the agents' to change, and root never follows what an agent planted.
+pub fn open_dir(d: &Path) -> std::io::Result<OwnedFd> {
+    let flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC;
+    rustix::fs::openat2(rustix::fs::CWD, d, flags, Mode::empty(), ResolveFlags::NO_SYMLINKS)
+        .map_err(Into::into)
+}
+
+/// Opens (or makes) the directory `name` in `dir`, not following a symlink.
+fn sub_dir(dir: &OwnedFd, name: &str) -> std::io::Result<OwnedFd> {
+    match rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o755)) {
+        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC;
+    rustix::fs::openat2(dir, name, flags, Mode::empty(), ResolveFlags::NO_SYMLINKS | ResolveFlags::BENEATH)
+        .map_err(Into::into)
+}
+
+/// Opens the file `name` of `dir` for writing (`flags` added), never through a symlink.
+fn file_at(dir: &OwnedFd, name: &str, flags: OFlags) -> std::io::Result<std::fs::File> {
+    let f = OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | flags;
+    Ok(std::fs::File::from(rustix::fs::openat(dir, name, f, Mode::from_raw_mode(0o644))?))
+}
+
 /// Creates (or reopens) the session directory `d` of a run of `agent`, through the host
 /// mount `ctx`: every file of the layout, owned by the agent (`uid`, `gid`). In a home, the
 /// directories up to the home are the agent's too. In a shared space (`shared`), what is made
-/// keeps the space's group (its directories are set-group-ID) and is open to that group
-/// (directories 2770, files 0660), so the agents the space's group admits share it.
+/// keeps the space's group and is open to that group (directories 2770, files 0660), so the
+/// agents the space's group admits share it. Nothing is followed through a symlink: every
+/// directory is opened beneath the one before it, every file with `O_NOFOLLOW`, and owners
+/// and modes are set on descriptors.
 #[allow(clippy::too_many_arguments)]
 pub fn prepare(
     ctx: &Path,
@@ -59,60 +89,57 @@ pub fn prepare(
     session: &str,
     cwd: &str,
 ) -> Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    // Up to the home (`home/<uid>`), or the space's `agent/` directory.
-    let top = if shared {
-        d.ancestors().nth(3).map(Path::to_path_buf).unwrap_or_else(|| d.to_path_buf())
-    } else {
-        ctx.join("home").join(uid.to_string())
-    };
-    if shared {
-        std::fs::create_dir_all(&top).map_err(at(&top))?;
-    }
-    let group = match shared {
-        false => gid,
-        // The space's group, whoever made the directory.
-        true => std::fs::metadata(top.parent().unwrap_or(&top)).map_err(at(&top))?.gid(),
-    };
-    std::fs::create_dir_all(d.join("context")).map_err(at(d))?;
-    let own = |p: &Path| {
+    let rel =
+        d.strip_prefix(ctx).map_err(|_| at(d)(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
+    let parts: Vec<&str> = rel.iter().filter_map(|c| c.to_str()).collect();
+    // The levels the run owns: below `home/` (the home itself too), or below the space's
+    // `agent/` directory (`shared/<space>/agent/`).
+    let first_owned = if shared { 3 } else { 1 };
+    let mut fd = open_dir(ctx).map_err(at(ctx))?;
+    let mut group = gid;
+    let own = |fd: &OwnedFd, dir: bool, group: u32| -> std::io::Result<()> {
         if shared {
             // Made now (root's, through the host mount): the agent's, in the space's group.
             // What another agent of the space made stays theirs.
-            if std::fs::symlink_metadata(p).is_ok_and(|m| m.uid() == 0 && !m.file_type().is_symlink()) {
-                use std::os::unix::fs::PermissionsExt;
-                let _ = rustix::fs::chown(
-                    p,
+            if rustix::fs::fstat(fd)?.st_uid == 0 {
+                rustix::fs::fchown(
+                    fd,
                     Some(rustix::fs::Uid::from_raw(uid)),
                     Some(rustix::fs::Gid::from_raw(group)),
-                );
-                let mode = if p.is_dir() { 0o2770 } else { 0o660 };
-                let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode));
+                )?;
+                rustix::fs::fchmod(fd, Mode::from_raw_mode(if dir { 0o2770 } else { 0o660 }))?;
             }
+            Ok(())
         } else {
-            let _ = rustix::fs::chown(
-                p,
+            rustix::fs::fchown(
+                fd,
                 Some(rustix::fs::Uid::from_raw(uid)),
                 Some(rustix::fs::Gid::from_raw(group)),
-            );
+            )
+            .map_err(Into::into)
         }
     };
-    let mut up = d.to_path_buf();
-    // The home itself is the agent's; the space's `agent/` directory is the space's.
-    while up.starts_with(&top) && !(shared && up == top) {
-        own(&up);
-        if !up.pop() {
-            break;
+    for (i, part) in parts.iter().enumerate() {
+        fd = sub_dir(&fd, part).map_err(at(d))?;
+        if shared && i == 1 {
+            // `shared/<space>`: its group is the space's.
+            group = rustix::fs::fstat(&fd).map_err(|e| at(d)(e.into()))?.st_gid;
+        }
+        if i >= first_owned {
+            own(&fd, true, group).map_err(at(d))?;
         }
     }
-    own(&d.join("context"));
+    let dir = fd;
+    let context = sub_dir(&dir, "context").map_err(at(d))?;
+    own(&context, true, group).map_err(at(d))?;
     let put = |name: &str, text: &str, keep: bool| -> Result<()> {
         let p = d.join(name);
-        if keep && p.exists() {
+        if keep && rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW).is_ok() {
             return Ok(());
         }
-        std::fs::write(&p, text).map_err(at(&p))?;
-        own(&p);
+        let mut f = file_at(&dir, name, OFlags::CREATE | OFlags::TRUNC).map_err(at(&p))?;
+        f.write_all(text.as_bytes()).map_err(at(&p))?;
+        own(&OwnedFd::from(f), false, group).map_err(at(&p))?;
         Ok(())
     };
     put("created_at", &now(), true)?;
@@ -121,18 +148,17 @@ pub fn prepare(
     put("cwd", &format!("{cwd}\n"), false)?;
     put("latest.md", "", true)?;
     // The terminal's ABI path (spec §7): a symlink to the socket in the run's directory.
-    let term = d.join("terminal");
-    std::fs::create_dir_all(&term).map_err(at(&term))?;
-    own(&term);
-    let link = term.join("main.sock");
-    let _ = std::fs::remove_file(&link);
+    let term = sub_dir(&dir, "terminal").map_err(at(d))?;
+    own(&term, true, group).map_err(at(d))?;
+    let _ = rustix::fs::unlinkat(&term, "main.sock", AtFlags::empty());
     let target = runtime::run_dir(agent, session).join("term/main.sock");
-    std::os::unix::fs::symlink(&target, &link).map_err(at(&link))?;
+    rustix::fs::symlinkat(&target, &term, "main.sock")
+        .map_err(|e| at(&d.join("terminal/main.sock"))(e.into()))?;
     for log in ["messages.jsonl", "events.jsonl"] {
         let p = d.join(log);
-        if !p.exists() {
-            std::fs::OpenOptions::new().append(true).create(true).open(&p).map_err(at(&p))?;
-            own(&p);
+        if rustix::fs::statat(&dir, log, AtFlags::SYMLINK_NOFOLLOW).is_err() {
+            let f = file_at(&dir, log, OFlags::CREATE | OFlags::APPEND).map_err(at(&p))?;
+            own(&OwnedFd::from(f), false, group).map_err(at(&p))?;
         }
     }
     Ok(())
@@ -140,8 +166,14 @@ pub fn prepare(
 
 /// Marks the run of the session whose directory is `d` as ended with `code`.
 pub fn finish(d: &Path, code: i32) {
-    let _ = std::fs::write(d.join("state"), if code == 0 { "done\n" } else { "error\n" });
-    let _ = std::fs::write(d.join("updated_at"), now());
+    let Ok(dir) = open_dir(d) else { return };
+    let put = |name: &str, text: &str| {
+        if let Ok(mut f) = file_at(&dir, name, OFlags::TRUNC) {
+            let _ = f.write_all(text.as_bytes());
+        }
+    };
+    put("state", if code == 0 { "done\n" } else { "error\n" });
+    put("updated_at", &now());
 }
 
 /// Appends one event line to a session's `events.jsonl`: durable when it returns.
@@ -154,10 +186,37 @@ pub fn append_event(dir: &Path, event: &serde_json::Value) -> std::io::Result<()
 pub fn append_line(dir: &Path, log: &str, value: &serde_json::Value) -> std::io::Result<()> {
     let mut line = value.to_string();
     line.push('\n');
-    std::fs::OpenOptions::new()
-        .append(true)
-        .open(dir.join(log))
-        .and_then(|mut f| f.write_all(line.as_bytes()))
+    file_at(&open_dir(dir)?, log, OFlags::APPEND)?.write_all(line.as_bytes())
+}
+
+/// Reads the file `name` of the session directory `dir` (at most `max` bytes), never through
+/// a symlink.
+pub fn read_file(dir: &Path, name: &str, max: u64) -> std::io::Result<String> {
+    use std::io::Read;
+    let d = open_dir(dir)?;
+    let f = rustix::fs::openat(&d, name, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
+    let mut s = String::new();
+    std::fs::File::from(f).take(max).read_to_string(&mut s)?;
+    Ok(s)
+}
+
+/// Writes the file `name` of the session directory `dir` whole (made new, then renamed over
+/// the old one), owned as the directory is; never through a symlink.
+pub fn replace_file(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
+    let d = open_dir(dir)?;
+    let tmp = format!(".{name}.{}", std::process::id());
+    let _ = rustix::fs::unlinkat(&d, tmp.as_str(), AtFlags::empty());
+    let mut f = file_at(&d, &tmp, OFlags::CREATE | OFlags::EXCL)?;
+    f.write_all(text.as_bytes())?;
+    let st = rustix::fs::fstat(&d)?;
+    let _ = rustix::fs::fchown(
+        &f,
+        Some(rustix::fs::Uid::from_raw(st.st_uid)),
+        Some(rustix::fs::Gid::from_raw(st.st_gid)),
+    );
+    drop(f);
+    rustix::fs::renameat(&d, tmp.as_str(), &d, name)?;
+    Ok(())
 }
 
 /// Now, as events stamp it.
@@ -169,7 +228,7 @@ pub fn timestamp() -> String {
 /// (its `content`, or `text`), replaced whole; returns the text.
 pub fn rebuild_latest(dir: &Path) -> Result<String> {
     let msgs = dir.join("messages.jsonl");
-    let text = std::fs::read_to_string(&msgs).map_err(at(&msgs))?;
+    let text = read_file(dir, "messages.jsonl", 64 << 20).map_err(at(&msgs))?;
     let mut last = text
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -180,9 +239,7 @@ pub fn rebuild_latest(dir: &Path) -> Result<String> {
     if !last.is_empty() && !last.ends_with('\n') {
         last.push('\n');
     }
-    let tmp = dir.join(format!(".latest.md.{}", std::process::id()));
-    std::fs::write(&tmp, &last).map_err(at(&tmp))?;
     let latest = dir.join("latest.md");
-    std::fs::rename(&tmp, &latest).map_err(at(&latest))?;
+    replace_file(dir, "latest.md", &last).map_err(at(&latest))?;
     Ok(last)
 }

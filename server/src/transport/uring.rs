@@ -240,7 +240,8 @@ pub(crate) fn offered(req: &[u8]) -> bool {
 /// Adds `FUSE_OVER_IO_URING` to an INIT reply (`fuse_out_header` then `fuse_init_out`) that
 /// succeeded; false when it did not, or is too short to carry `flags2`.
 pub(crate) fn accept(reply: &mut [u8]) -> bool {
-    let (Some(h), Some(mut o)) = (read::<OutHeader>(reply), reply.get(OUT_HEADER..).and_then(read::<InitOut>))
+    let (Some(h), Some(mut o)) =
+        (read::<OutHeader>(reply), reply.get(OUT_HEADER..).and_then(read::<InitOut>))
     else {
         return false;
     };
