@@ -289,13 +289,15 @@ fn a_session_prepared_for_a_turn_follows_no_symlink_the_agent_planted() {
     // The session directory itself a symlink to a root directory.
     let evil = tests::unique("ev");
     std::os::unix::fs::symlink(&victim_dir, sessions.join(&evil)).unwrap();
-    let o = ctx(&["send", "sockrt", "x", "--session", &evil, "--cwd", &cwd, "--ctx", &mnt, "--wait"], &[], "");
+    let o =
+        ctx(&["send", "sockrt", "x", "--session", &evil, "--cwd", &cwd, "--ctx", &mnt, "--wait"], &[], "");
     assert!(!o.status.success(), "{}", tests::shown(&o));
     // A file of the session (its state) a symlink to a root file.
     let sneaky = tests::unique("sn");
     fs::create_dir_all(sessions.join(&sneaky)).unwrap();
     std::os::unix::fs::symlink(&victim, sessions.join(&sneaky).join("state")).unwrap();
-    let _ = ctx(&["send", "sockrt", "y", "--session", &sneaky, "--cwd", &cwd, "--ctx", &mnt, "--wait"], &[], "");
+    let _ =
+        ctx(&["send", "sockrt", "y", "--session", &sneaky, "--cwd", &cwd, "--ctx", &mnt, "--wait"], &[], "");
     let m = fs::metadata(&victim_dir).unwrap();
     assert_eq!((m.uid(), m.mode() & 0o7777), (0, 0o700), "the directory is untouched");
     let m = fs::metadata(&victim).unwrap();
