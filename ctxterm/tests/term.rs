@@ -22,7 +22,19 @@ fn start(dir: &Path, args: &[&str]) -> (Child, PathBuf) {
 }
 
 fn connect(sock: &Path, mode: &str) -> UnixStream {
-    let mut s = UnixStream::connect(sock).unwrap();
+    // The socket's name exists from its bind, a moment before it listens.
+    let t = Instant::now();
+    let mut s = loop {
+        match UnixStream::connect(sock) {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ConnectionRefused
+                    && t.elapsed() < Duration::from_secs(5) =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            r => break r.unwrap(),
+        }
+    };
     s.write_all(format!("{mode}\n").as_bytes()).unwrap();
     s
 }
