@@ -284,6 +284,8 @@ fn a_session_prepared_for_a_turn_follows_no_symlink_the_agent_planted() {
     fs::set_permissions(&victim_dir, fs::Permissions::from_mode(0o700)).unwrap();
     let victim = victim_dir.join("secret");
     fs::write(&victim, "root's\n").unwrap();
+    // The agent's socket is up (the daemon binds it within a second of the agent's making).
+    drop(Client::to(&h, "sockrt"));
     let sessions = h.s.storage.join("home/1001/agent/sockrt/session");
     fs::create_dir_all(&sessions).unwrap();
     // The session directory itself a symlink to a root directory.
