@@ -86,6 +86,9 @@ pub struct Queue {
     /// The filesystem refused `RENAME_NOREPLACE` (GlusterFS answers EINVAL): moves check that
     /// the destination is free and rename, and publish links (see [`Queue::move_new`]).
     plain: AtomicBool,
+    /// Runs right after a requeue, to put another claim's commit there in a test.
+    #[cfg(test)]
+    after_requeue: std::sync::Mutex<Option<fn(&Queue)>>,
 }
 
 fn errno(op: &'static str, path: PathBuf) -> impl FnOnce(Errno) -> Error {
@@ -189,6 +192,8 @@ impl Queue {
             lease,
             syncs: AtomicU64::new(0),
             plain: AtomicBool::new(false),
+            #[cfg(test)]
+            after_requeue: std::sync::Mutex::new(None),
         };
         q.probe();
         if made {
@@ -604,7 +609,12 @@ impl Queue {
         // The commit: only one rename of the request out of this claim directory can win.
         match self.move_new(&c.claim, job, &self.dirs[dest], job) {
             Ok(()) => {}
-            Err(Errno::NOENT | Errno::STALE) => return Ok(Finish::Fenced),
+            Err(Errno::NOENT | Errno::STALE) => {
+                // Recovery moved the request away: this result was never committed, and a
+                // recovery that still finds the claim must not take it for the job's.
+                let _ = rustix::fs::unlinkat(&c.claim, result_name.as_str(), AtFlags::empty());
+                return Ok(Finish::Fenced);
+            }
             Err(Errno::EXIST) => {
                 return Err(Error::Conflict(format!(
                     "{} already exists; never overwritten",
@@ -832,6 +842,10 @@ impl Queue {
             if terminal || pending {
                 stale(r)?;
             }
+            // Whether the request this claim held now lives elsewhere by this recovery's doing
+            // (requeued, failed, or its pending copy kept): then a result in the claim is an
+            // uncommitted worker's, and a commit of the job found in done/ is another claim's.
+            let mut moved_out = pending;
             match policy {
                 _ if terminal || pending => {}
                 Policy::Requeue => {
@@ -847,11 +861,21 @@ impl Queue {
                         requeued = self.requeue(&fd, job);
                     }
                     match requeued {
-                        Ok(()) => r.requeued.push(job.to_owned()),
+                        Ok(()) => {
+                            r.requeued.push(job.to_owned());
+                            moved_out = true;
+                            #[cfg(test)]
+                            if let Some(f) = *self.after_requeue.lock().unwrap() {
+                                f(self);
+                            }
+                        }
                         // pending/ lists the job too, with the same request: it is the job, and
                         // the claim's copy is the stale one (a crash between a move's two names,
                         // or a power cut that kept one directory's change and not the other's).
-                        Err(Errno::EXIST) if self.same_request(&fd, job) => stale(r)?,
+                        Err(Errno::EXIST) if self.same_request(&fd, job) => {
+                            stale(r)?;
+                            moved_out = true;
+                        }
                         // Anything else: the claim's copy may be the only one, so it is kept,
                         // and the next recovery tries again.
                         Err(Errno::EXIST) => {
@@ -873,6 +897,7 @@ impl Queue {
                             self.move_new(&fd, result.as_str(), &self.dirs[FAILED], result.as_str())
                                 .map_err(errno("rename", self.path(FAILED, &result)))?;
                             r.failed.push(job.to_owned());
+                            moved_out = true;
                         }
                         Err(Errno::NOENT) => {}
                         Err(e) => return Err(Error::io("fail", self.path(FAILED, job), e.into())),
@@ -881,6 +906,10 @@ impl Queue {
                 }
             }
             self.fsync(&fd, &fpath)?;
+            if moved_out {
+                self.clear_fenced(fenced, &fd, job, r)?;
+                return Ok(());
+            }
         }
         // A worker that committed between recovery's look and its fence still holds its result
         // here (it moves it through its descriptor of this directory): it goes beside the
@@ -890,12 +919,18 @@ impl Queue {
         {
             return Ok(());
         }
-        // Empty what is left of the fenced claim (a stalled worker's temp result) and remove it.
+        self.clear_fenced(fenced, &fd, job, r)
+    }
+
+    /// Empties what is left of the fenced claim `fenced` (a stalled worker's uncommitted result)
+    /// and removes it.
+    fn clear_fenced(&self, fenced: &str, fd: &OwnedFd, job: &str, r: &mut Recovered) -> Result<()> {
+        let fpath = self.path(CLAIMED, fenced);
         if let Ok(entries) = fs::read_dir(&fpath) {
             for e in entries.flatten() {
                 let n = e.file_name().to_string_lossy().into_owned();
                 if n.starts_with('.') && n.ends_with(".tmp") || n == format!("{job}.result") {
-                    let _ = rustix::fs::unlinkat(&fd, n.as_str(), AtFlags::empty());
+                    let _ = rustix::fs::unlinkat(fd, n.as_str(), AtFlags::empty());
                 }
             }
         }
@@ -1129,6 +1164,32 @@ mod tests {
         assert_eq!(fs::read(root.join("done/j.req.json.result")).unwrap(), b"{\"r\":1}", "{r:?}");
         // The worker goes on with its commit: its result is where it belongs already.
         drop(c);
+        assert!(q.recover(Policy::Requeue).unwrap().conflicts.is_empty());
+        for d in ["lease", "claimed", "pending"] {
+            assert_eq!(fs::read_dir(root.join(d)).unwrap().count(), 0, "{d} empty");
+        }
+    }
+
+    /// Seen in the race through `/ctx`: a worker wrote its result and stalled; recovery requeued
+    /// the job, another worker claimed and committed it at once, and recovery, finding `done/J`,
+    /// took the stalled worker's result for the commit's: "two results" on every later recovery.
+    #[test]
+    fn a_result_left_by_a_requeued_claim_is_never_taken_for_another_claims_commit() {
+        let (_d, q) = q(Duration::ZERO);
+        q.publish("j.req.json", b"{}").unwrap();
+        let stalled = q.claim("w1", false).unwrap().unwrap();
+        let root = q.root().to_path_buf();
+        fs::write(root.join("claimed/j.req.json/j.req.json.result"), b"{\"stale\":1}").unwrap();
+        *q.after_requeue.lock().unwrap() = Some(|q| {
+            let fresh = q.claim("w2", false).unwrap().unwrap();
+            assert_eq!(q.finish(fresh, b"{\"fresh\":1}", false).unwrap(), Finish::Committed);
+        });
+        let r = q.recover(Policy::Requeue).unwrap();
+        assert_eq!(r.requeued, ["j.req.json"]);
+        assert!(r.conflicts.is_empty(), "{r:?}");
+        *q.after_requeue.lock().unwrap() = None;
+        assert_eq!(fs::read(root.join("done/j.req.json.result")).unwrap(), b"{\"fresh\":1}");
+        assert_eq!(q.finish(stalled, b"{\"stale\":2}", false).unwrap(), Finish::Fenced);
         assert!(q.recover(Policy::Requeue).unwrap().conflicts.is_empty());
         for d in ["lease", "claimed", "pending"] {
             assert_eq!(fs::read_dir(root.join(d)).unwrap().count(), 0, "{d} empty");

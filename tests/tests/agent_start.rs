@@ -828,11 +828,24 @@ fn tmux(sock: &Path, args: &[&str]) -> Output {
     Command::new("tmux").arg("-S").arg(sock).args(args).output().unwrap()
 }
 
-/// Waits until `f` holds (10 s at most).
+/// Waits until `f` holds (60 s at most: the CLIs of other tests load the machine meanwhile).
 fn until(what: &str, mut f: impl FnMut() -> bool) {
     let t = Instant::now();
     while !f() {
-        assert!(t.elapsed() < Duration::from_secs(20), "waited in vain for {what}");
+        assert!(t.elapsed() < Duration::from_secs(60), "waited in vain for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// [`until`], and on a timeout the pane's screen: what the attached client said.
+fn until_on(sock: &Path, what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "waited in vain for {what}; the pane:\n{}",
+            screen(sock)
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -870,18 +883,18 @@ fn attach_is_a_terminal_with_a_size_and_a_detach_key() {
     tmux(&sock, &["set", "-g", "status", "off"]);
     let o = tmux(&sock, &["respawn-pane", "-k", "-t", "t", &format!("sh {}", script.display())]);
     assert!(o.status.success(), "{}", text(&o));
-    until("the pane's size", || read("size") == "100x30");
+    until_on(&sock, "the pane's size", || read("size") == "100x30");
     tmux(&sock, &["resize-window", "-t", "t", "-x", "120", "-y", "40"]);
-    until("the new size", || read("size") == "120x40");
+    until_on(&sock, "the new size", || read("size") == "120x40");
     tmux(&sock, &["send-keys", "-t", "t", "hello", "Enter"]);
-    until("the line", || read("lines").contains("got:hello"));
+    until_on(&sock, "the line", || read("lines").contains("got:hello"));
     // Echoed once, by the agent's PTY: the local terminal is raw (a cooked one echoes too).
     let screen =
         String::from_utf8_lossy(&tmux(&sock, &["capture-pane", "-p", "-t", "t"]).stdout).into_owned();
     assert_eq!(screen.matches("hello").count(), 1, "{screen}");
     tmux(&sock, &["send-keys", "-t", "t", "C-]"]);
     let dir = w.s.dir.path().to_path_buf();
-    until("the client to leave", || dir.join("status").exists());
+    until_on(&sock, "the client to leave", || dir.join("status").exists());
     assert_eq!(fs::read_to_string(dir.join("status")).unwrap(), "status 0\n");
     assert_eq!(read("lines"), "got:hello\n", "typed once");
     assert_eq!(
