@@ -136,6 +136,29 @@ impl Client {
     }
 }
 
+/// Opens 33 connections to the socket given, printing the first frame of each; then closes
+/// one and connects again until greeted (at most 10 s), printing that frame.
+const CONNECTIONS: &str = r#"
+import socket, sys, time
+conns = []
+for i in range(33):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(sys.argv[1])
+    conns.append(s)
+    print(s.makefile('r').readline().strip(), flush=True)
+conns[0].close()
+end = time.time() + 10
+while True:
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(sys.argv[1])
+    line = s.makefile('r').readline().strip()
+    if '"hello"' in line or time.time() > end:
+        print(line)
+        break
+    s.close()
+    time.sleep(0.1)
+"#;
+
 fn done(id: &str) -> impl Fn(&Value) -> bool + '_ {
     move |f| f["type"] == "done" && f["id"] == id
 }
@@ -251,6 +274,19 @@ fn a_client_drives_two_agents_at_once_and_each_turn_is_recorded_once() {
     ok(ctx(&["agent", "grant", "sockdrv", "agent:sockrt", "write", "--source", &st], &[], ""), "grant");
     let o = as_uid("4343", &["send", "sockrt", "driven", "--session", &s, "--ctx", &mnt, "--json"]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("\"type\":\"start\""), "{}", tests::shown(&o));
+    // One uid holds at most 32 connections; the next is refused, and a slot given back is free.
+    let sock = h.s.mnt.join("agent/sockrt.sock");
+    let o = Command::new("setpriv")
+        .args(["--reuid", "4343", "--regid", "4343", "--clear-groups", "/usr/bin/python3", "-c", CONNECTIONS])
+        .arg(&sock)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = said.lines().collect();
+    assert!(o.status.success() && lines.len() == 34, "{}", tests::shown(&o));
+    assert!(lines[..32].iter().all(|l| l.contains("\"hello\"")), "{said}");
+    assert!(lines[32].contains("EAGAIN") && lines[32].contains("uid 4343"), "{said}");
+    assert!(lines[33].contains("\"hello\""), "a slot given back is free: {said}");
     // Its owner may, with a workspace of its own.
     fs::write(h.s.storage.join("agent/sockrt.d/owner"), "4242\n").unwrap();
     let mine = h.s.dir.path().join("work4242");

@@ -46,6 +46,14 @@ const OUTPUT_KEPT: usize = 16 << 20;
 const FINISHED_KEPT: usize = 256;
 /// Most connections served at once, over all agents.
 const CONNECTIONS_MAX: usize = 256;
+/// Most connections of one uid other than root served at once: no caller holds every slot.
+pub const CONNECTIONS_PER_UID: usize = 32;
+/// Most turns of one agent running at once (each is a sandbox with the agent's ceilings).
+pub const RUNNING_PER_AGENT: usize = 16;
+/// A connection that sends nothing for this long is closed (a run it started goes on).
+const IDLE: std::time::Duration = std::time::Duration::from_secs(600);
+/// A follower that takes in nothing of a run's frames for this long is closed.
+const STALLED: std::time::Duration = std::time::Duration::from_secs(60);
 /// The file in a session that names the hosted CLI's own conversation of it.
 pub const CLI_SESSION: &str = "cli_session";
 
@@ -137,7 +145,8 @@ struct Server {
     turns: Mutex<HashMap<(String, String), Arc<Turn>>>,
     /// The run of each (agent, session) that is running.
     busy: Mutex<HashMap<(String, String), String>>,
-    connections: Mutex<usize>,
+    /// Connections served now: in all, and per uid other than root.
+    connections: Mutex<(usize, HashMap<u32, usize>)>,
 }
 
 /// Serves the agent sockets of the storage `storage`, mounted at `ctx`, for the daemon whose
@@ -156,7 +165,7 @@ pub fn spawn(ctx: &Path, storage: &Path, control: &Path) -> std::io::Result<()> 
         ctx_bin: std::env::current_exe()?,
         turns: Mutex::new(HashMap::new()),
         busy: Mutex::new(HashMap::new()),
-        connections: Mutex::new(0),
+        connections: Mutex::new((0, HashMap::new())),
     });
     // The agents there now have their sockets before this returns (and so before the daemon
     // says it is up); later ones within a second.
@@ -245,23 +254,58 @@ impl Server {
             drop(fds);
             for name in ready {
                 let Ok((stream, _)) = listeners[&name].accept() else { continue };
-                let me = Arc::clone(&self);
-                {
-                    let mut n = self.connections.lock().unwrap_or_else(|e| e.into_inner());
-                    if *n >= CONNECTIONS_MAX {
-                        let r = Refusal { code: "EAGAIN", message: "too many connections".into() };
-                        let _ = frame(&mut &stream, &asock::error(None, &r));
-                        continue;
-                    }
-                    *n += 1;
+                let Ok(uid) = rustix::net::sockopt::socket_peercred(&stream).map(|c| c.uid.as_raw()) else {
+                    continue;
+                };
+                let _ = stream.set_nonblocking(false);
+                let _ = stream.set_read_timeout(Some(IDLE));
+                let _ = stream.set_write_timeout(Some(STALLED));
+                if let Err(r) = self.admit(uid) {
+                    let _ = frame(&mut &stream, &asock::error(None, &r));
+                    continue;
                 }
+                let me = Arc::clone(&self);
                 let spawned = std::thread::Builder::new().name(format!("asock-{name}")).spawn(move || {
-                    me.serve(&name, stream);
-                    *me.connections.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+                    me.serve(&name, uid, stream);
+                    me.leave(uid);
                 });
                 if spawned.is_err() {
-                    *self.connections.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+                    self.leave(uid);
                 }
+            }
+        }
+    }
+
+    /// Counts a connection of `uid` in, or refuses it when the slots are taken.
+    fn admit(&self, uid: u32) -> Result<(), Refusal> {
+        let mut c = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+        if c.0 >= CONNECTIONS_MAX {
+            return Err(Refusal {
+                code: "EAGAIN",
+                message: format!("{CONNECTIONS_MAX} connections are served already"),
+            });
+        }
+        if uid != 0 {
+            let mine = c.1.entry(uid).or_default();
+            if *mine >= CONNECTIONS_PER_UID {
+                return Err(Refusal {
+                    code: "EAGAIN",
+                    message: format!("uid {uid} has {CONNECTIONS_PER_UID} connections already"),
+                });
+            }
+            *mine += 1;
+        }
+        c.0 += 1;
+        Ok(())
+    }
+
+    fn leave(&self, uid: u32) {
+        let mut c = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+        c.0 -= 1;
+        if let Some(mine) = c.1.get_mut(&uid) {
+            *mine -= 1;
+            if *mine == 0 {
+                c.1.remove(&uid);
             }
         }
     }
@@ -316,11 +360,7 @@ impl Server {
         })
     }
 
-    fn serve(self: &Arc<Self>, agent: &str, stream: UnixStream) {
-        let uid = match rustix::net::sockopt::socket_peercred(&stream) {
-            Ok(c) => c.uid.as_raw(),
-            Err(_) => return,
-        };
+    fn serve(self: &Arc<Self>, agent: &str, uid: u32, stream: UnixStream) {
         let mut out = match stream.try_clone() {
             Ok(s) => s,
             Err(_) => return,
@@ -559,6 +599,12 @@ impl Server {
             let mut busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(other) = busy.get(&key) {
                 return Err(refuse("EBUSY", format!("session {} is running {other}", s.session)));
+            }
+            if busy.keys().filter(|(a, _)| a == agent).count() >= RUNNING_PER_AGENT {
+                return Err(refuse(
+                    "EAGAIN",
+                    format!("agent {agent} runs {RUNNING_PER_AGENT} turns already"),
+                ));
             }
             busy.insert(key.clone(), s.id.clone());
         }
