@@ -8,7 +8,8 @@
 //! - getattr: `statx` with `AT_STATX_FORCE_SYNC` (one GETATTR each);
 //! - lookup: `statx` of a name the kernel does not keep (entry timeout 0);
 //! - readdir: open, list and close a directory of 100 entries;
-//! - read: `pread` of 4 KiB of a control (`agent/a.d/label`) opened once;
+//! - read: `pread` of 4 KiB of a control (`agent/a.d/label`) opened once, and of a data file,
+//!   each after `posix_fadvise(DONTNEED)`, so that it reaches the daemon;
 //! - append: `write` of one JSON line to a session's `events.jsonl` opened once.
 //!
 //! Needs root and /dev/fuse; prints "not run" otherwise.
@@ -66,8 +67,9 @@ fn requests(mnt: &Path) -> u64 {
     s.lines().find_map(|l| l.strip_prefix("requests ")?.parse().ok()).expect("requests line")
 }
 
-/// Allocations per request of `f`, run `N` times after `N / 10` warm-up runs.
-fn per_request(mnt: &Path, mut f: impl FnMut()) -> f64 {
+/// Allocations per request of `f`, run `N` times after `N / 10` warm-up runs, and the
+/// requests each run made (a run the kernel answers from its caches makes none).
+fn per_request(mnt: &Path, mut f: impl FnMut()) -> String {
     for _ in 0..N / 10 {
         f();
     }
@@ -79,8 +81,11 @@ fn per_request(mnt: &Path, mut f: impl FnMut()) -> f64 {
     let a = ALLOCS.load(Ordering::Relaxed) - a0;
     // Less the `status` read that measures the end (the server counts it before it answers);
     // the daemon's allocations for it are after `a`.
-    let r = requests(mnt).saturating_sub(r0 + 1).max(1);
-    a as f64 / r as f64
+    let r = requests(mnt).saturating_sub(r0 + 1);
+    if r == 0 {
+        return "no request".into();
+    }
+    format!("{:.1} ({:.1})", a as f64 / r as f64, r as f64 / N as f64)
 }
 
 fn main() {
@@ -102,15 +107,19 @@ fn main() {
     std::fs::write(storage.join("agent/a"), b"#!/bin/sh\n").expect("agent");
     std::fs::write(storage.join("agent/a.d/label"), b"a_t\n").expect("label");
     std::fs::create_dir_all(storage.join("home/0/agent/a/session/s")).expect("session");
+    std::fs::write(storage.join("home/0/data"), [7u8; 4096]).expect("data");
     let mnt = top.path().join("ctx");
     std::fs::create_dir(&mnt).expect("mnt");
-    println!("| transport | getattr | lookup | readdir (per request) | read of a control | append |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!("Allocations per request (requests per call):\n");
+    println!(
+        "| transport | getattr | lookup | readdir (open, list, close) | read of a control | read of data | append |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     for transport in [Transport::Dev, Transport::Uring] {
         let pool = match Pool::with_transport(2, transport) {
             Ok(p) => p,
             Err(e) => {
-                println!("| {}: not run ({e}) | | | | | |", transport.name());
+                println!("| {}: not run ({e}) | | | | | | |", transport.name());
                 continue;
             }
         };
@@ -144,9 +153,14 @@ fn main() {
         });
         let control = std::fs::File::open(mnt.join("agent/a.d/label")).expect("control");
         let mut b = [0u8; 4096];
-        let read = per_request(&mnt, || {
-            control.read_at(&mut b, 0).expect("read");
-        });
+        // Each read drops the pages first, so that it reaches the daemon.
+        let uncached = |f: &std::fs::File, b: &mut [u8]| {
+            rustix::fs::fadvise(f, 0, None, rustix::fs::Advice::DontNeed).expect("fadvise");
+            f.read_at(b, 0).expect("read");
+        };
+        let read = per_request(&mnt, || uncached(&control, &mut b));
+        let data = std::fs::File::open(mnt.join("home/0/data")).expect("data");
+        let read_data = per_request(&mnt, || uncached(&data, &mut b));
         let log = std::fs::OpenOptions::new()
             .append(true)
             .create(true)
@@ -157,10 +171,10 @@ fn main() {
             (&log).write_all(line).expect("append");
         });
         println!(
-            "| {} | {getattr:.1} | {lookup:.1} | {readdir:.1} | {read:.1} | {append:.1} |",
+            "| {} | {getattr} | {lookup} | {readdir} | {read} | {read_data} | {append} |",
             transport.name()
         );
-        drop((control, log, dirfd));
+        drop((control, data, log, dirfd));
         pool.unmount_host(host).expect("unmount");
         pool.shutdown();
     }

@@ -28,25 +28,48 @@ pub enum Area {
     ObjectLog,
 }
 
-fn names(rel: &Path) -> Vec<&str> {
-    rel.components()
-        .filter_map(|c| match c {
-            Component::Normal(n) => n.to_str(),
-            _ => None,
-        })
-        .collect()
+/// Components deep enough for every path the ABI names (a session log is 7 deep); deeper
+/// ones are data, or controls classified by their whole path.
+const DEPTH: usize = 12;
+
+/// The UTF-8 normal components of `rel`, up to [`DEPTH`] of them, without an allocation, and
+/// whether there were more.
+fn names(rel: &Path) -> ([&str; DEPTH], usize, bool) {
+    let mut n = [""; DEPTH];
+    let mut len = 0;
+    for c in rel.components() {
+        let Component::Normal(c) = c else { continue };
+        let Some(c) = c.to_str() else { continue };
+        if len == DEPTH {
+            return (n, len, true);
+        }
+        n[len] = c;
+        len += 1;
+    }
+    (n, len, false)
 }
 
 /// Classifies a storage-relative path. `None` for paths the projection never shows.
 pub fn classify(rel: &Path) -> Option<Area> {
-    let n = names(rel);
-    match n.as_slice() {
+    let (n, len, more) = names(rel);
+    let n = &n[..len];
+    match n {
         [] => None,
         ["tool" | "agent" | "model"] => Some(Area::ClassDir),
         ["home" | "shared"] => Some(Area::DataRoot),
+        ["home" | "shared", ..] if more => Some(Area::Data),
         ["home" | "shared", rest @ ..] => Some(data(rest)),
-        [class @ ("tool" | "agent"), name, rest @ ..] => object(ObjectClass::parse(class)?, name, rest),
+        [class @ ("tool" | "agent"), name, rest @ ..] => {
+            // The control's path below `<name>.d/`, as the storage names it.
+            let mut below = rel.components();
+            below.next();
+            below.next();
+            object(ObjectClass::parse(class)?, name, rest, more, below.as_path().to_str()?)
+        }
         ["model", rest @ ..] => {
+            if more {
+                return None;
+            }
             // Models nest as model/<provider>/<model>: directories and objects, all projected.
             let last = rest.last()?;
             if last.starts_with('.') {
@@ -69,7 +92,8 @@ pub fn classify(rel: &Path) -> Option<Area> {
     }
 }
 
-fn object(class: ObjectClass, name: &str, rest: &[&str]) -> Option<Area> {
+/// `name` and what is below it (`rest`, more of it with `more`, all of it `control`).
+fn object(class: ObjectClass, name: &str, rest: &[&str], more: bool, control: &str) -> Option<Area> {
     if rest.is_empty() {
         if let Some(obj) = name.strip_suffix(".d") {
             return policy::name::validate(obj).ok().map(|()| Area::ControlDir);
@@ -80,11 +104,10 @@ fn object(class: ObjectClass, name: &str, rest: &[&str]) -> Option<Area> {
         return policy::name::validate(name).ok().map(|()| Area::Object);
     }
     name.strip_suffix(".d").and_then(|obj| policy::name::validate(obj).ok())?;
-    let control = rest.join("/");
     match rest {
-        ["hooks"] | ["hooks", "pre.d" | "post.d"] => Some(Area::ControlDir),
-        ["log"] => Some(Area::ObjectLog),
-        _ => controls::classify(class, &control).map(Area::Control),
+        ["hooks"] | ["hooks", "pre.d" | "post.d"] if !more => Some(Area::ControlDir),
+        ["log"] if !more => Some(Area::ObjectLog),
+        _ => controls::classify(class, control).map(Area::Control),
     }
 }
 
@@ -128,5 +151,7 @@ mod tests {
         assert_eq!(c("model/openai/gpt-5"), Some(Area::Object));
         assert_eq!(c("model/main.d/driver"), Some(Area::Control(Owner::Host)));
         assert_eq!(c("status"), None);
+        assert_eq!(c("home/1/a/b/c/d/e/f/g/h/i/j/k/l/m"), Some(Area::Data), "deeper than the names kept");
+        assert_eq!(c("tool/t.d/a/b/c/d/e/f/g/h/i/j/k/l"), None);
     }
 }

@@ -9,17 +9,17 @@ use super::*;
 /// none once unlinked. Adding and removing one costs the same however many links there are.
 #[derive(Debug, Default)]
 pub(super) struct Paths {
-    pub(super) first: Option<PathBuf>,
-    pub(super) more: std::collections::HashSet<PathBuf>,
+    pub(super) first: Option<Arc<Path>>,
+    pub(super) more: std::collections::HashSet<Arc<Path>>,
 }
 
 impl Paths {
-    pub(super) fn one(p: PathBuf) -> Paths {
+    pub(super) fn one(p: Arc<Path>) -> Paths {
         Paths { first: Some(p), more: std::collections::HashSet::new() }
     }
 
     /// The path that serves requests.
-    pub(super) fn first(&self) -> Option<&PathBuf> {
+    pub(super) fn first(&self) -> Option<&Arc<Path>> {
         self.first.as_ref().or_else(|| self.more.iter().next())
     }
 
@@ -27,7 +27,7 @@ impl Paths {
         self.first.is_none() && self.more.is_empty()
     }
 
-    pub(super) fn push(&mut self, p: PathBuf) {
+    pub(super) fn push(&mut self, p: Arc<Path>) {
         if self.first.is_none() {
             self.first = Some(p);
         } else {
@@ -46,7 +46,7 @@ impl Paths {
         }
     }
 
-    pub(super) fn iter(&self) -> impl Iterator<Item = &PathBuf> {
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Arc<Path>> {
         self.first.iter().chain(self.more.iter())
     }
 }
@@ -107,7 +107,8 @@ pub(super) fn stamp_of(st: &rustix::fs::Stat) -> Stamp {
 #[derive(Debug)]
 pub(super) struct Inodes {
     pub(super) nodes: HashMap<u64, Node>,
-    pub(super) by_path: HashMap<PathBuf, u64>,
+    /// Paths are shared with the nodes: a request takes one without an allocation.
+    pub(super) by_path: HashMap<Arc<Path>, u64>,
     pub(super) by_key: HashMap<(u64, u64), u64>,
     pub(super) next: u64,
 }
@@ -123,13 +124,13 @@ impl Drop for Inodes {
 
 impl Inodes {
     /// The path that serves requests for `ino`: ENOENT once unlinked, ESTALE when forgotten.
-    pub(super) fn get(&self, ino: u64) -> io::Result<PathBuf> {
+    pub(super) fn get(&self, ino: u64) -> io::Result<Arc<Path>> {
         let node = self.nodes.get(&ino).ok_or_else(|| err(libc::ESTALE))?;
         node.paths.first().cloned().ok_or_else(|| err(libc::ENOENT))
     }
 
     /// A path of the known inode of backing file `key`, if any.
-    pub(super) fn path_of_key(&self, key: (u64, u64)) -> Option<PathBuf> {
+    pub(super) fn path_of_key(&self, key: (u64, u64)) -> Option<Arc<Path>> {
         self.nodes.get(self.by_key.get(&key)?)?.paths.first().cloned()
     }
 
@@ -152,17 +153,19 @@ impl Inodes {
             && let Some(&ino) = self.by_key.get(&key)
             && let Some(node) = self.nodes.get_mut(&ino)
         {
-            node.paths.push(rel.to_path_buf());
+            let rel: Arc<Path> = Arc::from(rel);
+            node.paths.push(Arc::clone(&rel));
             node.lookups += 1;
-            self.by_path.insert(rel.to_path_buf(), ino);
+            self.by_path.insert(rel, ino);
             return ino;
         }
         let ino = self.next;
         self.next += 1;
+        let rel: Arc<Path> = Arc::from(rel);
         self.nodes.insert(
             ino,
             Node {
-                paths: Paths::one(rel.to_path_buf()),
+                paths: Paths::one(Arc::clone(&rel)),
                 dir: rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory,
                 lookups: 1,
                 key: Some(key),
@@ -170,7 +173,7 @@ impl Inodes {
                 fd: None,
             },
         );
-        self.by_path.insert(rel.to_path_buf(), ino);
+        self.by_path.insert(rel, ino);
         self.by_key.insert(key, ino);
         ino
     }
@@ -198,8 +201,8 @@ impl Inodes {
             FDS_KEPT.fetch_sub(1, Ordering::Relaxed);
         }
         for p in node.paths.iter() {
-            if self.by_path.get(p) == Some(&ino) {
-                self.by_path.remove(p);
+            if self.by_path.get(&**p) == Some(&ino) {
+                self.by_path.remove(&**p);
             }
         }
         if let Some(k) = node.key
@@ -253,8 +256,8 @@ impl Inodes {
         self.detach(to);
         // Only a directory has entries below it: a known file's rename moves one path,
         // whatever else is known.
-        let affected: Vec<(PathBuf, u64)> = match self.by_path.get(from) {
-            Some(&ino) if self.nodes.get(&ino).is_some_and(|n| !n.dir) => vec![(from.to_path_buf(), ino)],
+        let affected: Vec<(Arc<Path>, u64)> = match self.by_path.get(from) {
+            Some(&ino) if self.nodes.get(&ino).is_some_and(|n| !n.dir) => vec![(Arc::from(from), ino)],
             _ => self
                 .by_path
                 .iter()
@@ -265,9 +268,10 @@ impl Inodes {
         for (p, ino) in affected {
             let rest = p.strip_prefix(from).expect("filtered by prefix");
             // `join("")` would add a trailing slash.
-            let new = if rest.as_os_str().is_empty() { to.to_path_buf() } else { to.join(rest) };
-            self.by_path.remove(&p);
-            self.by_path.insert(new.clone(), ino);
+            let new: Arc<Path> =
+                if rest.as_os_str().is_empty() { Arc::from(to) } else { Arc::from(to.join(rest)) };
+            self.by_path.remove(&*p);
+            self.by_path.insert(Arc::clone(&new), ino);
             if let Some(node) = self.nodes.get_mut(&ino) {
                 node.paths.remove(&p);
                 node.paths.push(new);

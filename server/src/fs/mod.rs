@@ -197,10 +197,46 @@ enum Handle {
     Log(Arc<AppendLog>),
     /// A snapshot (status).
     Bytes(Vec<u8>),
-    /// A directory listing snapshot: name, inode hint, type. Taken at the first READDIR, so
-    /// that an open whose listing the kernel already caches costs no listing at all.
-    Dir(Option<Vec<(Vec<u8>, u64, u32)>>),
+    /// A directory listing snapshot, taken at the first READDIR, so that an open whose listing
+    /// the kernel already caches costs no listing at all.
+    Dir(Listing),
 }
+
+/// A directory's entries: the names one after another, and for each entry where its name ends,
+/// its inode hint and its type. A closed directory's buffers serve the next one opened, so a
+/// listing allocates nothing once they have grown.
+#[derive(Debug, Default)]
+pub(crate) struct Listing {
+    names: Vec<u8>,
+    entries: Vec<(usize, u64, u32)>,
+    taken: bool,
+}
+
+impl Listing {
+    fn clear(&mut self) {
+        self.names.clear();
+        self.entries.clear();
+        self.taken = false;
+    }
+
+    fn push(&mut self, name: &[u8], ino: u64, t: u32) {
+        self.names.extend_from_slice(name);
+        self.entries.push((self.names.len(), ino, t));
+    }
+
+    /// The entries from the `skip`th: name, inode hint, type.
+    fn from(&self, skip: usize) -> impl Iterator<Item = (&[u8], u64, u32)> {
+        let start = |i: usize| if i == 0 { 0 } else { self.entries[i - 1].0 };
+        self.entries
+            .iter()
+            .enumerate()
+            .skip(skip)
+            .map(move |(i, &(end, ino, t))| (&self.names[start(i)..end], ino, t))
+    }
+}
+
+/// Handles of closed directories kept for reuse, at most.
+const SPARE_DIRS: usize = 64;
 
 /// An open handle: the inode it was opened on, and its state.
 type Opened = (u64, Arc<Mutex<Handle>>);
@@ -230,6 +266,8 @@ pub struct CtxFs {
     bins: Vec<(String, PathBuf)>,
     inodes: Mutex<Inodes>,
     handles: Mutex<HashMap<u64, Opened>>,
+    /// Directory handles closed, with their listing's buffers, for the next opens.
+    spare_dirs: Mutex<Vec<Arc<Mutex<Handle>>>>,
     next_handle: AtomicU64,
     logs: SharedLogs,
     /// Shared with the host's data connection, whose requests the host's `status` counts.
@@ -368,6 +406,36 @@ fn append(log: &AppendLog, flags: u32, offset: u64, data: &[u8]) -> io::Result<(
 /// What a deferred WRITE's requester is told: the bytes taken, or the error.
 pub type WriteDone = Box<dyn FnOnce(io::Result<usize>) + Send>;
 
+thread_local! {
+    /// Path buffers of this thread, reused by the requests it serves.
+    static SCRATCH: std::cell::RefCell<Vec<PathBuf>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// A byte buffer of this thread, reused by the reads it serves.
+    static BYTES: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Runs `f` with `len` zeroed bytes of a buffer of this thread's that later requests reuse:
+/// once it has grown to the largest read, a read allocates nothing.
+pub(crate) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    let mut b = BYTES.take();
+    b.clear();
+    b.resize(len, 0);
+    let r = f(&mut b);
+    BYTES.set(b);
+    r
+}
+
+/// Runs `f` with `dir` joined with `name`, made in a buffer of this thread's that later
+/// requests reuse: once it has grown, a join allocates nothing.
+pub(crate) fn joined<R>(dir: &Path, name: &std::ffi::OsStr, f: impl FnOnce(&Path) -> R) -> R {
+    let mut p = SCRATCH.with(|s| s.borrow_mut().pop()).unwrap_or_default();
+    p.as_mut_os_string().clear();
+    p.push(dir);
+    p.push(name);
+    let r = f(&p);
+    SCRATCH.with(|s| s.borrow_mut().push(p));
+    r
+}
+
 /// Appends `data` to `log` as [`append`] does, without waiting: `done` gets the reply once the
 /// bytes are durable (then `changed`, the connection's note that a session log changed, is
 /// given first), or the error.
@@ -377,7 +445,7 @@ fn append_then(
     offset: u64,
     data: &[u8],
     size: usize,
-    changed: Option<(Changes, PathBuf)>,
+    changed: Option<(Changes, Arc<Path>)>,
     done: WriteDone,
 ) {
     let at = (flags & libc::O_APPEND as u32 == 0).then_some(offset);
@@ -414,7 +482,7 @@ impl CtxFs {
         };
         for (i, d) in LAYOUT.iter().enumerate() {
             let node = Node {
-                paths: Paths::one(PathBuf::from(d)),
+                paths: Paths::one(Arc::from(Path::new(d))),
                 dir: true,
                 lookups: 1,
                 key: None,
@@ -422,13 +490,14 @@ impl CtxFs {
                 fd: None,
             };
             inodes.nodes.insert(LAYOUT_FIRST + i as u64, node);
-            inodes.by_path.insert(PathBuf::from(d), LAYOUT_FIRST + i as u64);
+            inodes.by_path.insert(Arc::from(Path::new(d)), LAYOUT_FIRST + i as u64);
         }
         Ok(CtxFs {
             storage,
             bins: config.bins,
             inodes: Mutex::new(inodes),
             handles: Mutex::new(HashMap::new()),
+            spare_dirs: Mutex::new(Vec::with_capacity(SPARE_DIRS)),
             next_handle: AtomicU64::new(1),
             logs: config.logs,
             stats: Arc::default(),
@@ -607,7 +676,7 @@ impl CtxFs {
     /// inode, else opened as a path (a FIFO or a device is never opened for I/O) beneath the
     /// storage root; `None` for anything that is not data (objects, controls, logs, the
     /// synthesized tree).
-    fn data_inode(&self, ino: u64) -> io::Result<Option<(PathBuf, Backing)>> {
+    fn data_inode(&self, ino: u64) -> io::Result<Option<(Arc<Path>, Backing)>> {
         if ino < LAYOUT_FIRST {
             return Ok(None);
         }
@@ -760,7 +829,7 @@ impl CtxFs {
         s.into_bytes()
     }
 
-    fn rel(&self, ino: u64) -> io::Result<PathBuf> {
+    fn rel(&self, ino: u64) -> io::Result<Arc<Path>> {
         lock(&self.inodes).get(ino)
     }
 
@@ -992,21 +1061,25 @@ impl CtxFs {
 
     /// Whether `name` in storage directory `dir` (area `dir_area`) is shown at all.
     fn visible(&self, dir: &Path, name: &[u8]) -> bool {
-        let child = dir.join(std::ffi::OsStr::from_bytes(name));
-        let area = classify(&child);
+        joined(dir, std::ffi::OsStr::from_bytes(name), |child| self.visible_as(dir, name, child))
+    }
+
+    /// [`CtxFs::visible`], given `child`, the path of `name` in `dir`.
+    fn visible_as(&self, dir: &Path, name: &[u8], child: &Path) -> bool {
+        let area = classify(child);
         // Dot names are staging residue among objects and controls; in `home/` and `shared/`
         // they are ordinary data (`.tshrc`, a queue's temporary files, `.git`).
         if name.first() == Some(&b'.') && area != Some(Area::Data) {
             return false;
         }
-        if area.is_none() || !self.permitted(&child) {
+        if area.is_none() || !self.permitted(child) {
             return false;
         }
         // Controls without their executable are residue of an interrupted install.
         if matches!(classify(dir), Some(Area::ClassDir))
             && let Some(obj) = name.strip_suffix(b".d")
         {
-            return self.storage.stat(&dir.join(std::ffi::OsStr::from_bytes(obj))).is_ok();
+            return joined(dir, std::ffi::OsStr::from_bytes(obj), |o| self.storage.stat(o).is_ok());
         }
         true
     }
@@ -1023,21 +1096,21 @@ impl CtxFs {
     }
 
     /// The entry of `rel`; `from`, the inode of its directory when the kernel asked by it.
-    fn lookup_backed(&self, rel: PathBuf, from: Option<u64>) -> io::Result<Entry> {
-        let (parent, name) = crate::storage::split(&rel).ok_or_else(|| err(libc::ENOENT))?;
-        if !self.visible(parent, name.as_os_str().as_bytes()) {
+    fn lookup_backed(&self, rel: &Path, from: Option<u64>) -> io::Result<Entry> {
+        let (parent, name) = crate::storage::split(rel).ok_or_else(|| err(libc::ENOENT))?;
+        if !self.visible_as(parent, name.as_os_str().as_bytes(), rel) {
             return Err(err(libc::ENOENT));
         }
         // Stat before remembering, so a missing file leaves no inode behind.
-        classify(&rel).ok_or_else(|| err(libc::ENOENT))?;
+        classify(rel).ok_or_else(|| err(libc::ENOENT))?;
         let st = match from {
             Some(dir) => {
-                let (dir, leaf) = self.dir_of(dir, &rel)?;
+                let (dir, leaf) = self.dir_of(dir, rel)?;
                 rustix::fs::statat(&dir, leaf, AtFlags::SYMLINK_NOFOLLOW).map_err(ioerr)?
             }
-            None => self.storage.stat(&rel)?,
+            None => self.storage.stat(rel)?,
         };
-        let (mut attr, area) = self.shown_attr(&rel, &st, 0)?;
+        let (mut attr, area) = self.shown_attr(rel, &st, 0)?;
         // Hard links share the inode of their file, once its known path is checked to still name
         // it (a backing inode number is reused after a change behind the server's back).
         let key = (st.st_dev, st.st_ino);
@@ -1047,8 +1120,8 @@ impl CtxFs {
             None
         };
         let linked = known
-            .is_some_and(|p| p == rel || self.storage.stat(&p).is_ok_and(|s| (s.st_dev, s.st_ino) == key));
-        let ino = lock(&self.inodes).remember(&rel, &st, linked);
+            .is_some_and(|p| *p == *rel || self.storage.stat(&p).is_ok_and(|s| (s.st_dev, s.st_ino) == key));
+        let ino = lock(&self.inodes).remember(rel, &st, linked);
         attr.st_ino = ino;
         Ok(self.entry(ino, attr, self.timeout(area)))
     }
@@ -1243,28 +1316,32 @@ impl CtxFs {
         Ok(())
     }
 
-    fn dir_listing(&self, ino: u64) -> io::Result<Vec<(Vec<u8>, u64, u32)>> {
-        let mut out =
-            vec![(b".".to_vec(), ino, libc::DT_DIR as u32), (b"..".to_vec(), ROOT, libc::DT_DIR as u32)];
+    /// Lists directory `ino` into `out`: `.`, `..`, then what is shown of it.
+    fn list_dir(&self, ino: u64, out: &mut Listing) -> io::Result<()> {
+        out.clear();
+        out.taken = true;
+        out.push(b".", ino, libc::DT_DIR as u32);
+        out.push(b"..", ROOT, libc::DT_DIR as u32);
         match ino {
             ROOT if self.view.as_ref().is_some_and(|a| !a.alive(&self.storage)) => {}
             ROOT => {
                 for (i, n) in ROOT_NAMES.iter().enumerate() {
                     let t = if i == 0 { libc::DT_REG } else { libc::DT_DIR };
-                    out.push((n.as_bytes().to_vec(), 0, t as u32));
+                    out.push(n.as_bytes(), 0, t as u32);
                 }
             }
             BIN => {
                 for (n, _) in &self.bins {
-                    out.push((n.as_bytes().to_vec(), 0, libc::DT_REG as u32));
+                    out.push(n.as_bytes(), 0, libc::DT_REG as u32);
                 }
             }
             STATUS => return Err(err(libc::ENOTDIR)),
             _ => {
                 let rel = self.rel(ino)?;
                 let fd = self.storage.dir(&rel)?;
-                let dir = rustix::fs::Dir::read_from(&fd).map_err(ioerr)?;
-                for e in dir {
+                let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 8192];
+                let mut dir = rustix::fs::RawDir::new(&fd, &mut buf);
+                while let Some(e) = dir.next() {
                     let e = e.map_err(ioerr)?;
                     let name = e.file_name().to_bytes();
                     if name == b"." || name == b".." || !self.visible(&rel, name) {
@@ -1276,11 +1353,32 @@ impl CtxFs {
                         rustix::fs::FileType::Socket => libc::DT_SOCK,
                         _ => libc::DT_REG,
                     };
-                    out.push((name.to_vec(), 0, t as u32));
+                    out.push(name, 0, t as u32);
                 }
             }
         }
-        Ok(out)
+        Ok(())
+    }
+
+    /// A directory handle for `ino`: a closed one's, with its buffers, or a new one.
+    fn dir_handle(&self) -> Arc<Mutex<Handle>> {
+        lock(&self.spare_dirs).pop().unwrap_or_else(|| Arc::new(Mutex::new(Handle::Dir(Listing::default()))))
+    }
+
+    /// Keeps the handle of a closed directory for the next open, when nothing else holds it.
+    fn spare_dir(&self, h: Arc<Mutex<Handle>>) {
+        if Arc::strong_count(&h) != 1 {
+            return;
+        }
+        if let Handle::Dir(l) = &mut *lock(&h) {
+            l.clear();
+        } else {
+            return;
+        }
+        let mut spare = lock(&self.spare_dirs);
+        if spare.len() < SPARE_DIRS {
+            spare.push(h);
+        }
     }
 }
 

@@ -57,8 +57,8 @@ impl FileSystem for CtxFs {
             }
             STATUS => Err(err(libc::ENOTDIR)),
             _ => {
-                let rel = self.rel(parent)?.join(component(name)?);
-                self.lookup_backed(rel, Some(parent))
+                let dir = self.rel(parent)?;
+                joined(&dir, component(name)?.as_os_str(), |rel| self.lookup_backed(rel, Some(parent)))
             }
         }
     }
@@ -203,7 +203,7 @@ impl FileSystem for CtxFs {
         let (dir, leaf) = self.dir_of(parent, &rel)?;
         rustix::fs::symlinkat(linkname, &dir, leaf).map_err(ioerr)?;
         give_to_caller(ctx, &dir, leaf, None, None)?;
-        self.lookup_backed(rel, None)
+        self.lookup_backed(&rel, None)
     }
 
     fn mknod(
@@ -225,7 +225,7 @@ impl FileSystem for CtxFs {
         let mode = mode & !umask & 0o7777;
         rustix::fs::mknodat(&dir, leaf, kind, Mode::from_raw_mode(mode), u64::from(rdev)).map_err(ioerr)?;
         give_to_caller(ctx, &dir, leaf, None, Some(mode))?;
-        self.lookup_backed(rel, None)
+        self.lookup_backed(&rel, None)
     }
 
     fn mkdir(&self, ctx: &Context, parent: u64, name: &CStr, mode: u32, umask: u32) -> io::Result<Entry> {
@@ -238,7 +238,7 @@ impl FileSystem for CtxFs {
         let mode = mode & !umask & 0o7777;
         rustix::fs::mkdirat(&dir, leaf, Mode::from_raw_mode(mode)).map_err(ioerr)?;
         give_to_caller(ctx, &dir, leaf, None, Some(mode))?;
-        self.lookup_backed(rel, None)
+        self.lookup_backed(&rel, None)
     }
 
     fn unlink(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
@@ -303,7 +303,7 @@ impl FileSystem for CtxFs {
         self.is_known(ino, &rustix::fs::statat(&fdir, fleaf, AtFlags::SYMLINK_NOFOLLOW).map_err(ioerr)?)?;
         let (tdir, tleaf) = self.dir_of(newparent, &to)?;
         rustix::fs::linkat(&fdir, fleaf, &tdir, tleaf, AtFlags::empty()).map_err(ioerr)?;
-        self.lookup_backed(to, None)
+        self.lookup_backed(&to, None)
     }
 
     fn open(
@@ -430,7 +430,7 @@ impl FileSystem for CtxFs {
             }
             _ => return Err(err(libc::EPERM)),
         };
-        let entry = self.lookup_backed(rel, None)?;
+        let entry = self.lookup_backed(&rel, None)?;
         if self.zero_open {
             // Requests on this file come without a handle (see `data`).
             return Ok((entry, None, opts, None));
@@ -453,33 +453,7 @@ impl FileSystem for CtxFs {
         _flags: u32,
     ) -> io::Result<usize> {
         self.stats.count("read");
-        let mut buf = vec![0u8; size as usize];
-        if self.zero_open && handle == 0 {
-            let rel = self.rel(ino);
-            let n = if rel.as_deref().ok().and_then(classify) == Some(Area::SessionLog) {
-                self.log(&rel?)?.read_at(&mut buf, offset).map_err(|e| ringfs_errno(&e))?
-            } else {
-                self.inode_file(ino, false)?.read_at(&mut buf, offset)?
-            };
-            w.write_all(&buf[..n])?;
-            return Ok(n);
-        }
-        let h = self.handle(handle)?;
-        let n = match &*lock(&h) {
-            Handle::File(f) => f.read_at(&mut buf, offset)?,
-            Handle::Control { file: Some(f), .. } => f.read_at(&mut buf, offset)?,
-            Handle::Control { file: None, .. } => 0,
-            Handle::Log(l) => l.read_at(&mut buf, offset).map_err(|e| ringfs_errno(&e))?,
-            Handle::Bytes(b) => {
-                let from = usize::try_from(offset).unwrap_or(usize::MAX).min(b.len());
-                let n = (b.len() - from).min(buf.len());
-                buf[..n].copy_from_slice(&b[from..from + n]);
-                n
-            }
-            Handle::Dir(_) => return Err(err(libc::EISDIR)),
-        };
-        w.write_all(&buf[..n])?;
-        Ok(n)
+        with_scratch(size as usize, |buf| self.read_into(ino, handle, buf, offset, w))
     }
 
     fn write(
@@ -804,7 +778,11 @@ impl FileSystem for CtxFs {
         } else {
             None
         };
-        let listing = if cacheable { None } else { Some(self.dir_listing(ino)?) };
+        let handle = self.dir_handle();
+        if !cacheable {
+            let Handle::Dir(listing) = &mut *lock(&handle) else { unreachable!("a directory handle") };
+            self.list_dir(ino, listing)?;
+        }
         let id = self.next_handle.fetch_add(1, Ordering::Relaxed);
         let mut handles = lock(&self.handles);
         let mut opts = OpenOptions::empty();
@@ -819,7 +797,7 @@ impl FileSystem for CtxFs {
                 opts |= OpenOptions::CACHE_DIR;
             }
         }
-        handles.insert(id, (ino, Arc::new(Mutex::new(Handle::Dir(listing)))));
+        handles.insert(id, (ino, handle));
         Ok((Some(id), opts))
     }
 
@@ -836,16 +814,15 @@ impl FileSystem for CtxFs {
         let h = self.handle(handle)?;
         let mut h = lock(&h);
         let Handle::Dir(listing) = &mut *h else { return Err(err(libc::ENOTDIR)) };
-        let listing = match listing {
-            Some(l) => l,
-            None => listing.insert(self.dir_listing(ino)?),
-        };
+        if !listing.taken {
+            self.list_dir(ino, listing)?;
+        }
         let skip = usize::try_from(offset).unwrap_or(usize::MAX);
-        for (i, (name, ino, t)) in listing.iter().enumerate().skip(skip) {
+        for (i, (name, ino, t)) in listing.from(skip).enumerate() {
             let e = DirEntry {
-                ino: if *ino == 0 { u64::MAX } else { *ino },
-                offset: i as u64 + 1,
-                type_: *t,
+                ino: if ino == 0 { u64::MAX } else { ino },
+                offset: (skip + i) as u64 + 1,
+                type_: t,
                 name,
             };
             if add_entry(e)? == 0 {
@@ -856,7 +833,10 @@ impl FileSystem for CtxFs {
     }
 
     fn releasedir(&self, _ctx: &Context, _ino: u64, _flags: u32, handle: u64) -> io::Result<()> {
-        lock(&self.handles).remove(&handle);
+        let closed = lock(&self.handles).remove(&handle);
+        if let Some((_, h)) = closed {
+            self.spare_dir(h);
+        }
         Ok(())
     }
 
@@ -868,5 +848,45 @@ impl FileSystem for CtxFs {
         let fd = self.storage.dir(&self.rel(ino)?)?;
         self.is_known(ino, &rustix::fs::fstat(&fd).map_err(ioerr)?)?;
         rustix::fs::fsync(&fd).map_err(ioerr)
+    }
+}
+
+impl CtxFs {
+    /// A read of `buf.len()` bytes at `offset` of `ino` (through `handle`, or its kept file),
+    /// into `buf`, then written to `w`.
+    fn read_into(
+        &self,
+        ino: u64,
+        handle: u64,
+        buf: &mut [u8],
+        offset: u64,
+        w: &mut dyn ZeroCopyWriter,
+    ) -> io::Result<usize> {
+        if self.zero_open && handle == 0 {
+            let rel = self.rel(ino);
+            let n = if rel.as_deref().ok().and_then(classify) == Some(Area::SessionLog) {
+                self.log(&rel?)?.read_at(buf, offset).map_err(|e| ringfs_errno(&e))?
+            } else {
+                self.inode_file(ino, false)?.read_at(buf, offset)?
+            };
+            w.write_all(&buf[..n])?;
+            return Ok(n);
+        }
+        let h = self.handle(handle)?;
+        let n = match &*lock(&h) {
+            Handle::File(f) => f.read_at(buf, offset)?,
+            Handle::Control { file: Some(f), .. } => f.read_at(buf, offset)?,
+            Handle::Control { file: None, .. } => 0,
+            Handle::Log(l) => l.read_at(buf, offset).map_err(|e| ringfs_errno(&e))?,
+            Handle::Bytes(b) => {
+                let from = usize::try_from(offset).unwrap_or(usize::MAX).min(b.len());
+                let n = (b.len() - from).min(buf.len());
+                buf[..n].copy_from_slice(&b[from..from + n]);
+                n
+            }
+            Handle::Dir(_) => return Err(err(libc::EISDIR)),
+        };
+        w.write_all(&buf[..n])?;
+        Ok(n)
     }
 }

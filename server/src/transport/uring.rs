@@ -31,12 +31,215 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use fuse_backend_rs::abi::fuse_abi::{AttrOut, EntryOut, GETATTR_FH};
+use fuse_backend_rs::api::filesystem::{Context, DirEntry, FileSystem, ZeroCopyWriter};
+use fuse_backend_rs::file_traits::FileReadWriteVolatile;
 use fuse_backend_rs::transport::{FuseBuf, FuseDevWriter, Reader};
 use io_uring::{IoUring, cqueue, opcode, squeue, types};
 use rustix::event::{EventfdFlags, eventfd};
+use vm_memory::ByteValued;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use super::pool::Conn;
+
+/// Opcodes of the steady state.
+const OP_LOOKUP: u32 = 1;
+const OP_GETATTR: u32 = 3;
+const OP_READ: u32 = 15;
+const OP_OPENDIR: u32 = 27;
+/// `FUSE_READ_LOCKOWNER`.
+const READ_LOCKOWNER: u32 = 1 << 1;
+const OP_READDIR: u32 = 28;
+const OP_RELEASEDIR: u32 = 29;
+/// The longest name a lookup brings (the kernel's `FUSE_NAME_MAX`), and its NUL.
+const NAME_MAX: usize = 1024 + 1;
+
+/// `struct fuse_getattr_in`.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+struct GetattrIn {
+    flags: u32,
+    dummy: u32,
+    fh: u64,
+}
+
+/// `struct fuse_open_in`.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+struct OpenIn {
+    flags: u32,
+    open_flags: u32,
+}
+
+/// `struct fuse_open_out`.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+struct OpenOut {
+    fh: u64,
+    open_flags: u32,
+    backing_id: i32,
+}
+
+/// `struct fuse_read_in`, which READDIR brings too.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+struct ReadIn {
+    fh: u64,
+    offset: u64,
+    size: u32,
+    read_flags: u32,
+    lock_owner: u64,
+    flags: u32,
+    padding: u32,
+}
+
+/// `struct fuse_release_in`.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+struct ReleaseIn {
+    fh: u64,
+    flags: u32,
+    release_flags: u32,
+    lock_owner: u64,
+}
+
+/// `struct fuse_dirent`, before its name.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+struct Dirent {
+    ino: u64,
+    off: u64,
+    namelen: u32,
+    kind: u32,
+}
+
+const _: () = assert!(
+    size_of::<OpenIn>() == 8
+        && size_of::<OpenOut>() == 16
+        && size_of::<ReadIn>() == 40
+        && size_of::<ReleaseIn>() == 24
+        && size_of::<Dirent>() == 24
+);
+
+/// A read's data, written by the filesystem straight into the reply's payload buffer.
+struct Payload<'a> {
+    out: &'a mut [u8],
+    used: usize,
+}
+
+impl io::Write for Payload<'_> {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        let n = b.len().min(self.out.len() - self.used);
+        self.out[self.used..self.used + n].copy_from_slice(&b[..n]);
+        self.used += n;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl ZeroCopyWriter for Payload<'_> {
+    fn write_from(&mut self, _: &mut dyn FileReadWriteVolatile, _: usize, _: u64) -> io::Result<usize> {
+        // CortexFS's reads write what they read; nothing copies from a file through here.
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+
+    fn available_bytes(&self) -> usize {
+        self.out.len() - self.used
+    }
+}
+
+/// Adds directory entry `d` to the listing in `out` (of `used` bytes so far): its length, or 0
+/// when it does not fit.
+fn add_dirent(out: &mut [u8], used: usize, d: &DirEntry<'_>) -> usize {
+    let len = size_of::<Dirent>() + d.name.len();
+    let padded = (len + 7) & !7;
+    let Some(room) = out.get_mut(used..used + padded) else { return 0 };
+    let head = Dirent { ino: d.ino, off: d.offset, namelen: d.name.len() as u32, kind: d.type_ };
+    room[..size_of::<Dirent>()].copy_from_slice(head.as_bytes());
+    room[size_of::<Dirent>()..len].copy_from_slice(d.name);
+    room[len..].fill(0);
+    padded
+}
+
+/// Serves the requests of the steady state that need no more than their headers (a lookup,
+/// attributes, a directory's listing) from the entry itself and answers in place, with nothing
+/// allocated: the
+/// operation's header decoded where the kernel put it, the reply encoded where the kernel
+/// reads it. Returns the commit id; `None` for other requests, which fuse-backend-rs's server
+/// serves.
+fn steady(conn: &Conn, h: &InHeader, buf: &mut [u8], payload: usize) -> Option<u64> {
+    let ctx = Context { uid: h.uid, gid: h.gid, pid: h.pid as i32 };
+    let put = |buf: &mut [u8], reply: &[u8]| {
+        buf[HEADER..HEADER + reply.len()].copy_from_slice(reply);
+        reply.len()
+    };
+    let r = match h.opcode {
+        OP_GETATTR => {
+            let g: GetattrIn = read(&buf[IN_OUT..])?;
+            let handle = (g.flags & GETATTR_FH != 0).then_some(g.fh);
+            conn.fs.getattr(&ctx, h.nodeid, handle).map(|(st, t)| {
+                let out = AttrOut {
+                    attr_valid: t.as_secs(),
+                    attr_valid_nsec: t.subsec_nanos(),
+                    dummy: 0,
+                    attr: st.into(),
+                };
+                put(buf, out.as_slice())
+            })
+        }
+        OP_LOOKUP => {
+            // The name is in the payload buffer, where the reply goes: copied out first.
+            let mut name = [0u8; NAME_MAX];
+            let len = payload.min(NAME_MAX);
+            name[..len].copy_from_slice(&buf[HEADER..HEADER + len]);
+            let name = std::ffi::CStr::from_bytes_until_nul(&name[..len]).ok()?;
+            conn.fs.lookup(&ctx, h.nodeid, name).map(|e| put(buf, EntryOut::from(e).as_slice()))
+        }
+        OP_READ => {
+            let r: ReadIn = read(&buf[IN_OUT..])?;
+            let owner = (r.read_flags & READ_LOCKOWNER != 0).then_some(r.lock_owner);
+            let mut w = Payload { out: &mut buf[HEADER..HEADER + (r.size as usize).min(PAYLOAD)], used: 0 };
+            conn.fs
+                .read(&ctx, h.nodeid, r.fh, &mut w, r.size, r.offset, owner, r.flags)
+                .map(|n| n.min(w.used))
+        }
+        OP_OPENDIR => {
+            let o: OpenIn = read(&buf[IN_OUT..])?;
+            conn.fs.opendir(&ctx, h.nodeid, o.flags).map(|(fh, opts)| {
+                let out = OpenOut { fh: fh.unwrap_or(0), open_flags: opts.bits(), backing_id: 0 };
+                put(buf, out.as_bytes())
+            })
+        }
+        OP_READDIR => {
+            let r: ReadIn = read(&buf[IN_OUT..])?;
+            let out = &mut buf[HEADER..HEADER + (r.size as usize).min(PAYLOAD)];
+            let mut used = 0;
+            conn.fs
+                .readdir(&ctx, h.nodeid, r.fh, r.size, r.offset, &mut |d| {
+                    let n = add_dirent(out, used, &d);
+                    used += n;
+                    Ok(n)
+                })
+                .map(|()| used)
+        }
+        OP_RELEASEDIR => {
+            let r: ReleaseIn = read(&buf[IN_OUT..])?;
+            conn.fs.releasedir(&ctx, h.nodeid, r.flags, r.fh).map(|()| 0)
+        }
+        _ => return None,
+    };
+    let (len, error) = match r {
+        Ok(n) => (n, 0),
+        Err(e) => (0, -e.raw_os_error().unwrap_or(libc::EIO)),
+    };
+    let out = OutHeader { len: (OUT_HEADER + len) as u32, error, unique: h.unique };
+    buf[..OUT_HEADER].copy_from_slice(out.as_bytes());
+    set_ent(buf, h.unique, len);
+    Some(h.unique)
+}
 
 /// `FUSE_OVER_IO_URING`, bit 41 of the INIT flags (bit 9 of `flags2`).
 pub const FUSE_OVER_IO_URING: u64 = 1 << 41;
@@ -631,6 +834,9 @@ fn handle(conn: &Conn, entry: &mut Entry, ud: u64, mailbox: &Mailbox) -> Option<
                 return None;
             }
         }
+    }
+    if let Some(n) = steady(conn, &h, buf, payload) {
+        return Some(n);
     }
     // The operation's own header: what the request holds beyond its header and payload.
     let op = in_len.saturating_sub(IN_HEADER + payload).min(OP_IN);
