@@ -131,6 +131,9 @@ struct State {
     waiters: Vec<Arc<Waiter>>,
     /// Appenders of the open batch that wait on no thread: each is told when it is durable.
     deferred: Vec<Deferred>,
+    /// Spare buffers for `deferred`, so that batches in flight (one committing, the next
+    /// filling) keep their allocations.
+    spare_deferred: Vec<Vec<Deferred>>,
     /// Sequence number of the open batch.
     open_seq: u64,
     /// A leader is writing and syncing a batch.
@@ -160,9 +163,42 @@ struct Waiter {
     failed: AtomicI32,
 }
 
-/// What [`AppendLog::append_then`] calls once an append is durable (with the log's end after
-/// it) or has failed.
-pub type Done = Box<dyn FnOnce(Result<u64>) + Send>;
+/// Whom [`AppendLog::append_then`] tells, once, that an append is durable (with the log's end
+/// after it) or has failed.
+pub enum Done {
+    /// A call.
+    Call(Box<dyn FnOnce(Result<u64>) + Send>),
+    /// `to.tell(tag, outcome)`: a receiver that many appends share, each with a tag of its own,
+    /// so that an append allocates nothing.
+    Tell(Arc<dyn Tell>, [u64; 3]),
+}
+
+/// A receiver of the outcomes of appends made with [`Done::Tell`].
+pub trait Tell: Send + Sync {
+    /// The append tagged `tag` is durable (`Ok`, the log's end after it) or failed.
+    fn tell(&self, tag: [u64; 3], outcome: Result<u64>);
+}
+
+impl std::fmt::Debug for Done {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Done::Call(_) => f.write_str("Done::Call"),
+            Done::Tell(_, tag) => f.debug_tuple("Done::Tell").field(tag).finish(),
+        }
+    }
+}
+
+impl Done {
+    fn finish(self, outcome: Result<u64>) {
+        match self {
+            Done::Call(f) => f(outcome),
+            Done::Tell(to, tag) => to.tell(tag, outcome),
+        }
+    }
+}
+
+/// Spare buffers of deferred appends kept, at most.
+const SPARE_DEFERRED: usize = 4;
 
 /// An append that waits on no thread: the end offset after it, and whom to tell.
 struct Deferred {
@@ -177,32 +213,52 @@ impl std::fmt::Debug for Deferred {
 }
 
 /// The threads that commit batches no appender thread leads (batches of
-/// [`AppendLog::append_then`] alone): a log to commit is sent here.
-fn committer() -> &'static Mutex<std::sync::mpsc::Sender<Arc<AppendLog>>> {
-    static TX: std::sync::OnceLock<Mutex<std::sync::mpsc::Sender<Arc<AppendLog>>>> =
-        std::sync::OnceLock::new();
-    TX.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel::<Arc<AppendLog>>();
-        let rx = Arc::new(Mutex::new(rx));
+/// [`AppendLog::append_then`] alone), and the logs waiting for them. A queue that keeps its
+/// buffer, so that handing a log over allocates nothing once it has grown.
+struct Committer {
+    logs: Mutex<std::collections::VecDeque<Arc<AppendLog>>>,
+    ready: std::sync::Condvar,
+    /// Threads running; none (they could not start) means a log is committed where it is.
+    threads: AtomicU64,
+}
+
+fn committer() -> &'static Committer {
+    static C: std::sync::OnceLock<Committer> = std::sync::OnceLock::new();
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    let c = C.get_or_init(|| Committer {
+        logs: Mutex::new(std::collections::VecDeque::with_capacity(64)),
+        ready: std::sync::Condvar::new(),
+        threads: AtomicU64::new(0),
+    });
+    STARTED.call_once(|| {
         // Two, so that a slow disk under one log does not hold up another log's batch.
         for i in 0..2 {
-            let rx = Arc::clone(&rx);
             let spawned = thread::Builder::new().name(format!("log-commit-{i}")).spawn(move || {
                 loop {
-                    let next = rx.lock().unwrap_or_else(std::sync::PoisonError::into_inner).recv();
-                    let Ok(log) = next else { return };
+                    let log = {
+                        let mut logs = c.logs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                        loop {
+                            if let Some(l) = logs.pop_front() {
+                                break l;
+                            }
+                            logs = c.ready.wait(logs).unwrap_or_else(std::sync::PoisonError::into_inner);
+                        }
+                    };
                     let st = log.lock();
                     let seq = st.open_seq;
-                    // The leadership was taken for this thread when the log was sent.
+                    // The leadership was taken for this thread when the log was handed over.
                     let _ = log.lead(st, seq);
                 }
             });
-            if let Err(e) = spawned {
-                tracing::error!(error = %e, "cannot start a log committer");
+            match spawned {
+                Ok(_) => {
+                    c.threads.fetch_add(1, Ordering::Release);
+                }
+                Err(e) => tracing::error!(error = %e, "cannot start a log committer"),
             }
         }
-        Mutex::new(tx)
-    })
+    });
+    c
 }
 
 /// A group-committed JSONL append log. Share it between threads by reference or `Arc`.
@@ -243,6 +299,7 @@ impl AppendLog {
             spare: Vec::new(),
             waiters: Vec::new(),
             deferred: Vec::new(),
+            spare_deferred: Vec::with_capacity(SPARE_DEFERRED),
             open_seq: 1,
             leading: false,
             acked: recovery.mark,
@@ -330,21 +387,21 @@ impl AppendLog {
     /// caller's thread goes back to its work at once.
     pub fn append_then(self: &Arc<Self>, at: Option<u64>, bytes: &[u8], done: Done) {
         if let Err(e) = validate(bytes, self.opts.max_line) {
-            return done(Err(e));
+            return done.finish(Err(e));
         }
         self.me.get_or_init(|| Arc::downgrade(self));
         let mut st = self.lock();
         if let Some(reason) = &st.stopped {
             let e = self.stopped(reason);
             drop(st);
-            return done(Err(e));
+            return done.finish(Err(e));
         }
         if let Some(offset) = at
             && offset != st.logical_end
         {
             let e = Error::NotAtEnd { offset, end: st.logical_end };
             drop(st);
-            return done(Err(e));
+            return done.finish(Err(e));
         }
         st.pending.extend_from_slice(bytes);
         st.logical_end += bytes.len() as u64;
@@ -371,8 +428,12 @@ impl AppendLog {
     }
 
     fn hand_to_committer(self: &Arc<Self>) {
-        let sent = committer().lock().map(|tx| tx.send(Arc::clone(self)).is_ok()).unwrap_or(false);
-        if !sent {
+        let c = committer();
+        let sent = c.threads.load(Ordering::Acquire) > 0
+            && c.logs.lock().map(|mut logs| logs.push_back(Arc::clone(self))).is_ok();
+        if sent {
+            c.ready.notify_one();
+        } else {
             // No committer: lead here.
             let st = self.lock();
             let seq = st.open_seq;
@@ -516,7 +577,8 @@ impl AppendLog {
         let spare = std::mem::take(&mut st.spare);
         let batch = std::mem::replace(&mut st.pending, spare);
         let waiters = std::mem::take(&mut st.waiters);
-        let deferred = std::mem::take(&mut st.deferred);
+        let spare = st.spare_deferred.pop().unwrap_or_default();
+        let deferred = std::mem::replace(&mut st.deferred, spare);
         let prev = st.acked;
         let reserve_from = (prev.end + batch.len() as u64 > st.reserved).then_some(st.reserved);
         drop(st);
@@ -618,7 +680,7 @@ impl AppendLog {
         for w in &waiters {
             w.thread.unpark();
         }
-        for d in told {
+        for d in told.drain(..) {
             let r = match &failed {
                 None => Ok(d.end),
                 Some((Some(errno), _)) => {
@@ -626,7 +688,14 @@ impl AppendLog {
                 }
                 Some((None, reason)) => Err(self.stopped(reason.as_deref().unwrap_or("unknown"))),
             };
-            (d.done)(r);
+            d.done.finish(r);
+        }
+        // The emptied buffer serves a later batch.
+        if told.capacity() > 0 {
+            let mut st = self.lock();
+            if st.spare_deferred.len() < SPARE_DEFERRED {
+                st.spare_deferred.push(told);
+            }
         }
         if hand_on {
             self.hand_on();

@@ -334,10 +334,10 @@ fn appends_that_wait_on_no_thread_are_each_told_once_when_durable() {
                         log.append_then(
                             None,
                             l.as_bytes(),
-                            Box::new(move |r| {
+                            super::Done::Call(Box::new(move |r| {
                                 let end = r.expect("durable");
                                 tx.send((t * 1000 + i, end)).unwrap();
-                            }),
+                            })),
                         );
                     }
                 });
@@ -366,7 +366,11 @@ fn appends_that_wait_on_no_thread_are_each_told_once_when_durable() {
         // A refused deferred append is told at once, and nothing is written.
         let refused = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let r = Arc::clone(&refused);
-        log.append_then(None, b"not json\n", Box::new(move |res| r.store(res.is_err(), Ordering::SeqCst)));
+        log.append_then(
+            None,
+            b"not json\n",
+            super::Done::Call(Box::new(move |res| r.store(res.is_err(), Ordering::SeqCst))),
+        );
         assert!(refused.load(Ordering::SeqCst));
         assert_eq!(fs::read_to_string(&p).unwrap().lines().count(), 1000);
         assert!(log.batches() < 1000, "appends were batched: {} batches", log.batches());

@@ -21,6 +21,7 @@ mod sync_io;
 
 use inodes::{Access, Inodes, Node, Paths, stamp_of};
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ffi::CStr;
 use std::fs::File;
@@ -235,8 +236,32 @@ impl Listing {
     }
 }
 
+/// Buffers of appended log pieces kept for reuse, at most.
+const PIECE_BUFS: usize = 8;
+
 /// Handles of closed directories kept for reuse, at most.
 const SPARE_DIRS: usize = 64;
+
+/// Directory handles closed, with their listings' buffers, for the next opens of any
+/// connection. Made with room for directories opened at once (a close's RELEASEDIR comes after
+/// the close returns, so the next open may come first) with listings of up to 512 entries, so
+/// that opening, listing and closing allocates nothing even when more are open at once than
+/// before.
+fn spare_dirs() -> &'static Mutex<Vec<Arc<Mutex<Handle>>>> {
+    static SPARE: std::sync::OnceLock<Mutex<Vec<Arc<Mutex<Handle>>>>> = std::sync::OnceLock::new();
+    SPARE.get_or_init(|| {
+        let mut v = Vec::with_capacity(SPARE_DIRS);
+        for _ in 0..8 {
+            let l = Listing {
+                names: Vec::with_capacity(16 << 10),
+                entries: Vec::with_capacity(512),
+                taken: false,
+            };
+            v.push(Arc::new(Mutex::new(Handle::Dir(l))));
+        }
+        Mutex::new(v)
+    })
+}
 
 /// An open handle: the inode it was opened on, and its state.
 type Opened = (u64, Arc<Mutex<Handle>>);
@@ -266,8 +291,6 @@ pub struct CtxFs {
     bins: Vec<(String, PathBuf)>,
     inodes: Mutex<Inodes>,
     handles: Mutex<HashMap<u64, Opened>>,
-    /// Directory handles closed, with their listing's buffers, for the next opens.
-    spare_dirs: Mutex<Vec<Arc<Mutex<Handle>>>>,
     next_handle: AtomicU64,
     logs: SharedLogs,
     /// Shared with the host's data connection, whose requests the host's `status` counts.
@@ -290,6 +313,8 @@ pub struct CtxFs {
     /// at a page boundary, by inode, with the offset the next piece must come at (see
     /// [`CtxFs::log_piece`]).
     pieces: Mutex<HashMap<u64, (u64, Vec<u8>)>>,
+    /// Buffers of pieces appended, for the next pieces held (see [`CtxFs::log_piece`]).
+    piece_bufs: Mutex<Vec<Vec<u8>>>,
 }
 
 /// Most bytes of one extended attribute's value, or of a list of names (the kernel's limit).
@@ -403,8 +428,37 @@ fn append(log: &AppendLog, flags: u32, offset: u64, data: &[u8]) -> io::Result<(
     r.map(drop).map_err(|e| ringfs_errno(&e))
 }
 
-/// What a deferred WRITE's requester is told: the bytes taken, or the error.
-pub type WriteDone = Box<dyn FnOnce(io::Result<usize>) + Send>;
+/// Whom a deferred WRITE's reply goes to: the bytes taken, or the error.
+pub enum WriteDone {
+    /// A call with the reply.
+    Call(Box<dyn FnOnce(io::Result<usize>) + Send>),
+    /// A transport's receiver of replies, shared by the writes it serves, told
+    /// `[tag[0], tag[1], bytes taken]` and the log's outcome (its errno on a failure): a write
+    /// that waits this way allocates nothing.
+    Tell(Arc<dyn ringfs::log::Tell>, [u64; 2]),
+}
+
+impl std::fmt::Debug for WriteDone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WriteDone::Call(_) => f.write_str("WriteDone::Call"),
+            WriteDone::Tell(_, tag) => f.debug_tuple("WriteDone::Tell").field(tag).finish(),
+        }
+    }
+}
+
+impl WriteDone {
+    /// Replies now.
+    fn reply(self, r: io::Result<usize>) {
+        match self {
+            WriteDone::Call(f) => f(r),
+            WriteDone::Tell(to, [a, b]) => match r {
+                Ok(n) => to.tell([a, b, n as u64], Ok(0)),
+                Err(e) => to.tell([a, b, 0], Err(ringfs::Error::io("write", PathBuf::new(), e))),
+            },
+        }
+    }
+}
 
 thread_local! {
     /// Path buffers of this thread, reused by the requests it serves.
@@ -412,6 +466,25 @@ thread_local! {
     /// A byte buffer of this thread, reused by the reads it serves.
     static BYTES: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
+
+/// Gives the calling thread, about to serve requests, the buffers its requests reuse at their
+/// full size, so that none of its requests allocates for them, the first ones included: path
+/// buffers of `PATH_MAX` and a read buffer of the largest read.
+pub fn prepare_thread() {
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        s.reserve(4);
+        while s.len() < 2 {
+            s.push(PathBuf::with_capacity(libc::PATH_MAX as usize));
+        }
+    });
+    let mut b = BYTES.take();
+    b.reserve(READ_MAX);
+    BYTES.set(b);
+}
+
+/// The largest read a request makes (the `max_pages` the connections are set up with).
+const READ_MAX: usize = 1 << 20;
 
 /// Runs `f` with `len` zeroed bytes of a buffer of this thread's that later requests reuse:
 /// once it has grown to the largest read, a read allocates nothing.
@@ -449,19 +522,19 @@ fn append_then(
     done: WriteDone,
 ) {
     let at = (flags & libc::O_APPEND as u32 == 0).then_some(offset);
-    log.append_then(
-        at,
-        data,
-        Box::new(move |r| match r {
+    let done = match (done, changed) {
+        (WriteDone::Tell(to, [a, b]), None) => ringfs::log::Done::Tell(to, [a, b, size as u64]),
+        (done, changed) => ringfs::log::Done::Call(Box::new(move |r| match r {
             Ok(_) => {
                 if let Some((c, rel)) = changed {
                     c.data(&rel);
                 }
-                done(Ok(size));
+                done.reply(Ok(size));
             }
-            Err(e) => done(Err(ringfs_errno(&e))),
-        }),
-    );
+            Err(e) => done.reply(Err(ringfs_errno(&e))),
+        })),
+    };
+    log.append_then(at, data, done);
 }
 
 /// Maps a ringfs error to the errno the client sees.
@@ -497,7 +570,6 @@ impl CtxFs {
             bins: config.bins,
             inodes: Mutex::new(inodes),
             handles: Mutex::new(HashMap::new()),
-            spare_dirs: Mutex::new(Vec::with_capacity(SPARE_DIRS)),
             next_handle: AtomicU64::new(1),
             logs: config.logs,
             stats: Arc::default(),
@@ -510,6 +582,7 @@ impl CtxFs {
             view_timeout: Duration::ZERO,
             zero_open: false,
             pieces: Mutex::default(),
+            piece_bufs: Mutex::new(Vec::with_capacity(PIECE_BUFS)),
         })
     }
 
@@ -757,20 +830,21 @@ impl CtxFs {
                 return false;
             }
             self.stats.count("write");
-            let Some((start, whole)) = self.log_piece(ino, offset, data.to_vec()) else {
-                done(Ok(size));
+            let Some((start, whole)) = self.log_piece(ino, offset, data) else {
+                done.reply(Ok(size));
                 return true;
             };
             let log = match self.log(&rel) {
                 Ok(l) => l,
                 Err(e) => {
-                    done(Err(e));
+                    done.reply(Err(e));
                     return true;
                 }
             };
             // Appended elsewhere than this kernel thought: its cached pages are wrong.
             let changed = (log.len() != start).then(|| (self.changes.clone(), rel));
             append_then(&log, flags, start, &whole, size, changed, done);
+            self.piece_done(whole);
             return true;
         }
         let Ok(h) = self.handle(handle) else { return false };
@@ -963,29 +1037,50 @@ impl CtxFs {
     /// a page boundary) is held until the rest arrives at the offset right after it; `None`
     /// while holding. A held piece not followed by its rest is dropped (never appended): a
     /// write is acknowledged, as a whole, only by the request that completes it.
-    fn log_piece(&self, ino: u64, offset: u64, data: Vec<u8>) -> Option<(u64, Vec<u8>)> {
+    fn log_piece<'a>(&self, ino: u64, offset: u64, data: &'a [u8]) -> Option<(u64, Cow<'a, [u8]>)> {
         const PAGE: u64 = 4096;
         let mut pieces = lock(&self.pieces);
-        let (start, mut whole) = match pieces.remove(&ino) {
+        // A write of whole lines with nothing held before it, the usual case, goes as it came.
+        let (start, whole): (u64, Cow<'a, [u8]>) = match pieces.remove(&ino) {
             Some((start, held)) if start + held.len() as u64 == offset => {
                 let mut held = held;
-                held.extend_from_slice(&data);
-                (start, held)
+                held.extend_from_slice(data);
+                (start, Cow::Owned(held))
             }
             Some(_) => {
                 tracing::warn!(ino, "dropped the first piece of a log write whose rest never came");
-                (offset, data)
+                (offset, Cow::Borrowed(data))
             }
-            None => (offset, data),
+            None => (offset, Cow::Borrowed(data)),
         };
         if whole.last() != Some(&b'\n')
             && (start + whole.len() as u64).is_multiple_of(PAGE)
             && whole.len() <= ringfs::log::Options::default().max_line
         {
-            pieces.insert(ino, (start, std::mem::take(&mut whole)));
+            let held = match whole {
+                Cow::Owned(v) => v,
+                Cow::Borrowed(b) => {
+                    let mut v = lock(&self.piece_bufs).pop().unwrap_or_default();
+                    v.clear();
+                    v.extend_from_slice(b);
+                    v
+                }
+            };
+            pieces.insert(ino, (start, held));
             return None;
         }
         Some((start, whole))
+    }
+
+    /// The buffer of a piece now appended serves the next piece held: a write the kernel splits
+    /// at a page boundary allocates nothing once the buffers have grown.
+    fn piece_done(&self, whole: Cow<'_, [u8]>) {
+        if let Cow::Owned(v) = whole {
+            let mut bufs = lock(&self.piece_bufs);
+            if bufs.len() < PIECE_BUFS {
+                bufs.push(v);
+            }
+        }
     }
 
     /// With zero-message open, before `rel` stops naming its file (unlink, rename over it):
@@ -1362,7 +1457,7 @@ impl CtxFs {
 
     /// A directory handle for `ino`: a closed one's, with its buffers, or a new one.
     fn dir_handle(&self) -> Arc<Mutex<Handle>> {
-        lock(&self.spare_dirs).pop().unwrap_or_else(|| Arc::new(Mutex::new(Handle::Dir(Listing::default()))))
+        lock(spare_dirs()).pop().unwrap_or_else(|| Arc::new(Mutex::new(Handle::Dir(Listing::default()))))
     }
 
     /// Keeps the handle of a closed directory for the next open, when nothing else holds it.
@@ -1375,7 +1470,7 @@ impl CtxFs {
         } else {
             return;
         }
-        let mut spare = lock(&self.spare_dirs);
+        let mut spare = lock(spare_dirs());
         if spare.len() < SPARE_DIRS {
             spare.push(h);
         }

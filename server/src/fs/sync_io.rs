@@ -477,12 +477,14 @@ impl FileSystem for CtxFs {
             let rel = self.rel(ino);
             if rel.as_deref().ok().and_then(classify) == Some(Area::SessionLog) {
                 let rel = rel?;
-                let Some((start, whole)) = self.log_piece(ino, offset, data) else {
+                let Some((start, whole)) = self.log_piece(ino, offset, &data) else {
                     return Ok(size as usize);
                 };
                 let log = self.log(&rel)?;
                 let end = log.len();
-                append(&log, flags, start, &whole)?;
+                let appended = append(&log, flags, start, &whole);
+                self.piece_done(whole);
+                appended?;
                 if end != start {
                     // Appended elsewhere than this kernel thought: its cached pages are wrong.
                     self.changes.data(&rel);

@@ -152,6 +152,7 @@ fn serve_one(inner: &Inner, conn: &Arc<Conn>, req: &mut [u8], wbuf: &mut [u8]) {
 /// A thread of its own for a busy connection served by `/dev/fuse`: blocking reads, so a
 /// request costs a `read` and a `writev` and no epoll call. Ends when the connection does.
 fn reader(inner: &Inner, conn: &Arc<Conn>, token: u64) {
+    crate::fs::prepare_thread();
     let mut rbuf = vec![0u8; BUF];
     let mut wbuf = vec![0u8; BUF];
     loop {
@@ -174,6 +175,7 @@ fn reader(inner: &Inner, conn: &Arc<Conn>, token: u64) {
 }
 
 fn worker(inner: &Inner) {
+    crate::fs::prepare_thread();
     let mut rbuf = vec![0u8; BUF];
     let mut wbuf = vec![0u8; BUF];
     let mut events: Vec<epoll::Event> = Vec::with_capacity(1);
@@ -239,12 +241,12 @@ fn deferred_write(conn: &Arc<Conn>, req: &[u8]) -> bool {
         w.offset,
         w.flags,
         w.data,
-        Box::new(move |r| {
+        crate::fs::WriteDone::Call(Box::new(move |r| {
             let mut out = [0u8; 24];
             let n = uring::write_reply(&mut out, unique, r);
             // ENOENT: the request was interrupted and is gone.
             let _ = rustix::io::write(&c.file, &out[..n]);
-        }),
+        })),
     )
 }
 

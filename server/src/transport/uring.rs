@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use fuse_backend_rs::abi::fuse_abi::{AttrOut, EntryOut, GETATTR_FH};
-use fuse_backend_rs::api::filesystem::{Context, DirEntry, FileSystem, ZeroCopyWriter};
+use fuse_backend_rs::api::filesystem::{Context, DirEntry, FileSystem, GetxattrReply, ZeroCopyWriter};
 use fuse_backend_rs::file_traits::FileReadWriteVolatile;
 use fuse_backend_rs::transport::{FuseBuf, FuseDevWriter, Reader};
 use io_uring::{IoUring, cqueue, opcode, squeue, types};
@@ -41,11 +41,13 @@ use vm_memory::ByteValued;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use super::pool::Conn;
+use crate::fs::WriteDone;
 
 /// Opcodes of the steady state.
 const OP_LOOKUP: u32 = 1;
 const OP_GETATTR: u32 = 3;
 const OP_READ: u32 = 15;
+const OP_GETXATTR: u32 = 22;
 const OP_OPENDIR: u32 = 27;
 /// `FUSE_READ_LOCKOWNER`.
 const READ_LOCKOWNER: u32 = 1 << 1;
@@ -61,6 +63,14 @@ struct GetattrIn {
     flags: u32,
     dummy: u32,
     fh: u64,
+}
+
+/// `struct fuse_getxattr_in` and `struct fuse_getxattr_out` (a size, then padding).
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+struct XattrSize {
+    size: u32,
+    padding: u32,
 }
 
 /// `struct fuse_open_in`.
@@ -190,13 +200,25 @@ fn steady(conn: &Conn, h: &InHeader, buf: &mut [u8], payload: usize) -> Option<u
                 put(buf, out.as_slice())
             })
         }
-        OP_LOOKUP => {
+        OP_LOOKUP | OP_GETXATTR => {
             // The name is in the payload buffer, where the reply goes: copied out first.
             let mut name = [0u8; NAME_MAX];
             let len = payload.min(NAME_MAX);
             name[..len].copy_from_slice(&buf[HEADER..HEADER + len]);
             let name = std::ffi::CStr::from_bytes_until_nul(&name[..len]).ok()?;
-            conn.fs.lookup(&ctx, h.nodeid, name).map(|e| put(buf, EntryOut::from(e).as_slice()))
+            if h.opcode == OP_LOOKUP {
+                conn.fs.lookup(&ctx, h.nodeid, name).map(|e| put(buf, EntryOut::from(e).as_slice()))
+            } else {
+                // Asked before every write (`security.capability`, to drop a file's
+                // capabilities), and most often answered ENODATA.
+                let x: XattrSize = read(&buf[IN_OUT..])?;
+                match conn.fs.getxattr(&ctx, h.nodeid, name, x.size) {
+                    Ok(GetxattrReply::Value(v)) if v.len() <= PAYLOAD => Ok(put(buf, &v)),
+                    Ok(GetxattrReply::Value(_)) => Err(io::Error::from_raw_os_error(libc::E2BIG)),
+                    Ok(GetxattrReply::Count(n)) => Ok(put(buf, XattrSize { size: n, padding: 0 }.as_bytes())),
+                    Err(e) => Err(e),
+                }
+            }
         }
         OP_READ => {
             let r: ReadIn = read(&buf[IN_OUT..])?;
@@ -467,26 +489,55 @@ pub enum Load {
 
 enum Msg {
     Attach(Arc<Conn>, Load),
-    /// The reply to a deferred WRITE held in entry `ud`, now that it is durable (or failed).
-    Reply {
-        ud: u64,
-        unique: u64,
-        result: io::Result<usize>,
-    },
     Stop,
 }
 
-/// How a ring's thread is reached from other threads: a message, then a wake-up.
+/// How a ring's thread is reached from other threads: a message, or a reply to a deferred
+/// write, then a wake-up.
 #[derive(Clone)]
 struct Mailbox {
     tx: Sender<Msg>,
-    wake: Arc<OwnedFd>,
+    replies: Arc<Replies>,
 }
 
 impl Mailbox {
     fn send(&self, m: Msg) {
         let _ = self.tx.send(m);
-        let _ = rustix::io::write(&*self.wake, &1u64.to_ne_bytes());
+        self.replies.wake();
+    }
+}
+
+/// The replies to deferred WRITEs of one ring's entries, each `(ud, unique, bytes taken or
+/// -errno)`, pushed by the threads that commit logs once the bytes are durable (or failed)
+/// and taken by the ring's thread. Its buffers are kept, so that a reply allocates nothing.
+struct Replies {
+    ready: Mutex<Vec<(u64, u64, i64)>>,
+    wake: OwnedFd,
+}
+
+impl Replies {
+    fn wake(&self) {
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+    }
+
+    /// Moves the replies ready into `into` (empty), leaving it its buffer.
+    fn take(&self, into: &mut Vec<(u64, u64, i64)>) {
+        if let Ok(mut ready) = self.ready.lock() {
+            std::mem::swap(&mut *ready, into);
+        }
+    }
+}
+
+impl ringfs::log::Tell for Replies {
+    fn tell(&self, [ud, unique, size]: [u64; 3], outcome: ringfs::Result<u64>) {
+        let r = match outcome {
+            Ok(_) => i64::try_from(size).unwrap_or(i64::MAX),
+            Err(e) => -i64::from(e.errno()),
+        };
+        if let Ok(mut ready) = self.ready.lock() {
+            ready.push((ud, unique, r));
+        }
+        self.wake();
     }
 }
 
@@ -513,9 +564,10 @@ impl Rings {
         for qid in 0..queues() {
             for k in 0..RINGS_PER_QUEUE {
                 let ring: IoUring<squeue::Entry128, cqueue::Entry> = IoUring::builder().build(256)?;
-                let wake = Arc::new(eventfd(0, EventfdFlags::CLOEXEC)?);
+                let wake = eventfd(0, EventfdFlags::CLOEXEC)?;
                 let (tx, rx) = channel();
-                let mailbox = Mailbox { tx, wake };
+                let replies = Arc::new(Replies { ready: Mutex::new(Vec::with_capacity(64)), wake });
+                let mailbox = Mailbox { tx, replies };
                 let qid = u16::try_from(qid).map_err(|_| io::Error::other("too many CPUs"))?;
                 let own = mailbox.clone();
                 let thread = std::thread::Builder::new()
@@ -648,7 +700,9 @@ fn serve(
     rx: &Receiver<Msg>,
     mailbox: &Mailbox,
 ) {
-    let wake = &*mailbox.wake;
+    crate::fs::prepare_thread();
+    let wake = &mailbox.replies.wake;
+    let mut replies: Vec<(u64, u64, i64)> = Vec::with_capacity(64);
     // On the queue's own CPU, as the kernel hands this queue the requests of callers running
     // there: serving one is then a switch on that CPU, not a wake-up across CPUs.
     let mut cpu = rustix::thread::CpuSet::new();
@@ -700,31 +754,30 @@ fn serve(
         done.extend(ring.completion().map(|c| (c.user_data(), c.result())));
         for (ud, res) in done.drain(..) {
             if ud == WAKE {
+                mailbox.replies.take(&mut replies);
+                for (ud, unique, r) in replies.drain(..) {
+                    let (slot, idx) = ((ud >> 16) as usize, (ud & 0xffff) as usize);
+                    if let Some(Some(a)) = slots.get_mut(slot)
+                        && let Some(entry) = a.entries.get_mut(idx)
+                    {
+                        let result = if r < 0 {
+                            Err(io::Error::from_raw_os_error(i32::try_from(-r).unwrap_or(libc::EIO)))
+                        } else {
+                            Ok(usize::try_from(r).unwrap_or(usize::MAX))
+                        };
+                        let mut out = [0u8; 24];
+                        let n = write_reply(&mut out, unique, result);
+                        let buf = entry.mem.bytes();
+                        buf[..OUT_HEADER].copy_from_slice(&out[..OUT_HEADER]);
+                        buf[HEADER..HEADER + n - OUT_HEADER].copy_from_slice(&out[OUT_HEADER..n]);
+                        set_ent(buf, unique, n - OUT_HEADER);
+                        let fd = a.conn.file.as_raw_fd();
+                        todo.push(command(fd, CMD_COMMIT_AND_FETCH, qid, unique, entry.iov.as_ptr(), ud));
+                    }
+                }
                 while let Ok(m) = rx.try_recv() {
                     match m {
                         Msg::Stop => stopping = true,
-                        Msg::Reply { ud, unique, result } => {
-                            let (slot, idx) = ((ud >> 16) as usize, (ud & 0xffff) as usize);
-                            if let Some(Some(a)) = slots.get_mut(slot)
-                                && let Some(entry) = a.entries.get_mut(idx)
-                            {
-                                let mut out = [0u8; 24];
-                                let n = write_reply(&mut out, unique, result);
-                                let buf = entry.mem.bytes();
-                                buf[..OUT_HEADER].copy_from_slice(&out[..OUT_HEADER]);
-                                buf[HEADER..HEADER + n - OUT_HEADER].copy_from_slice(&out[OUT_HEADER..n]);
-                                set_ent(buf, unique, n - OUT_HEADER);
-                                let fd = a.conn.file.as_raw_fd();
-                                todo.push(command(
-                                    fd,
-                                    CMD_COMMIT_AND_FETCH,
-                                    qid,
-                                    unique,
-                                    entry.iov.as_ptr(),
-                                    ud,
-                                ));
-                            }
-                        }
                         Msg::Attach(conn, load) => {
                             let depth = if load == Load::Busy { BUSY_DEPTH } else { 1 };
                             if let Err(e) = register(&mut slots, conn, depth, qid, &mut todo) {
@@ -821,14 +874,14 @@ fn handle(conn: &Conn, entry: &mut Entry, ud: u64, mailbox: &Mailbox) -> Option<
         head[..IN_HEADER].copy_from_slice(&inh);
         head[IN_HEADER..].copy_from_slice(&buf[IN_OUT..IN_OUT + 40]);
         if let Some(w) = WriteRequest::parse(&head, &buf[HEADER..HEADER + payload]) {
-            let m = mailbox.clone();
+            let to: Arc<dyn ringfs::log::Tell> = mailbox.replies.clone();
             let deferred = conn.fs.write_deferred(
                 w.ino,
                 w.fh,
                 w.offset,
                 w.flags,
                 w.data,
-                Box::new(move |result| m.send(Msg::Reply { ud, unique, result })),
+                WriteDone::Tell(to, [ud, unique]),
             );
             if deferred {
                 return None;
