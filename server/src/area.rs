@@ -32,44 +32,70 @@ pub enum Area {
 /// ones are data, or controls classified by their whole path.
 const DEPTH: usize = 12;
 
-/// The UTF-8 normal components of `rel`, up to [`DEPTH`] of them, without an allocation, and
-/// whether there were more.
-fn names(rel: &Path) -> ([&str; DEPTH], usize, bool) {
+/// The normal components of `rel`, when there are at most [`DEPTH`] and each is UTF-8, without
+/// an allocation; `None` otherwise.
+fn names(rel: &Path) -> Option<([&str; DEPTH], usize)> {
     let mut n = [""; DEPTH];
     let mut len = 0;
     for c in rel.components() {
-        let Component::Normal(c) = c else { continue };
-        let Some(c) = c.to_str() else { continue };
+        let Component::Normal(c) = c else { return None };
+        let c = c.to_str()?;
         if len == DEPTH {
-            return (n, len, true);
+            return None;
         }
         n[len] = c;
         len += 1;
     }
-    (n, len, false)
+    Some((n, len))
 }
 
 /// Classifies a storage-relative path. `None` for paths the projection never shows.
 pub fn classify(rel: &Path) -> Option<Area> {
-    let (n, len, more) = names(rel);
-    let n = &n[..len];
+    match names(rel) {
+        Some((n, len)) => classify_names(rel, &n[..len], false),
+        // Deep paths by the same rules, from a list of their components. A name that is not
+        // UTF-8 is data's alone (no object, control or model has one): it is ignored in
+        // `home/` and `shared/`, and elsewhere the path is shown as nothing.
+        None => {
+            let mut utf8 = true;
+            let n: Vec<&str> = rel
+                .components()
+                .filter_map(|c| match c {
+                    Component::Normal(n) => n.to_str().or_else(|| {
+                        utf8 = false;
+                        None
+                    }),
+                    _ => None,
+                })
+                .collect();
+            if !utf8 && !matches!(n.first(), Some(&("home" | "shared"))) {
+                return None;
+            }
+            classify_names(rel, &n, true)
+        }
+    }
+}
+
+/// [`classify`], from `rel`'s UTF-8 components `n`; `listed` when they are not all of its
+/// components one for one (then a control's path is made from them).
+fn classify_names(rel: &Path, n: &[&str], listed: bool) -> Option<Area> {
     match n {
         [] => None,
         ["tool" | "agent" | "model"] => Some(Area::ClassDir),
         ["home" | "shared"] => Some(Area::DataRoot),
-        ["home" | "shared", ..] if more => Some(Area::Data),
         ["home" | "shared", rest @ ..] => Some(data(rest)),
         [class @ ("tool" | "agent"), name, rest @ ..] => {
+            let class = ObjectClass::parse(class)?;
+            if listed {
+                return object(class, name, rest, &rest.join("/"));
+            }
             // The control's path below `<name>.d/`, as the storage names it.
             let mut below = rel.components();
             below.next();
             below.next();
-            object(ObjectClass::parse(class)?, name, rest, more, below.as_path().to_str()?)
+            object(class, name, rest, below.as_path().to_str()?)
         }
         ["model", rest @ ..] => {
-            if more {
-                return None;
-            }
             // Models nest as model/<provider>/<model>: directories and objects, all projected.
             let last = rest.last()?;
             if last.starts_with('.') {
@@ -92,8 +118,8 @@ pub fn classify(rel: &Path) -> Option<Area> {
     }
 }
 
-/// `name` and what is below it (`rest`, more of it with `more`, all of it `control`).
-fn object(class: ObjectClass, name: &str, rest: &[&str], more: bool, control: &str) -> Option<Area> {
+/// `name` and what is below it (`rest`, all of it `control`).
+fn object(class: ObjectClass, name: &str, rest: &[&str], control: &str) -> Option<Area> {
     if rest.is_empty() {
         if let Some(obj) = name.strip_suffix(".d") {
             return policy::name::validate(obj).ok().map(|()| Area::ControlDir);
@@ -105,8 +131,8 @@ fn object(class: ObjectClass, name: &str, rest: &[&str], more: bool, control: &s
     }
     name.strip_suffix(".d").and_then(|obj| policy::name::validate(obj).ok())?;
     match rest {
-        ["hooks"] | ["hooks", "pre.d" | "post.d"] if !more => Some(Area::ControlDir),
-        ["log"] if !more => Some(Area::ObjectLog),
+        ["hooks"] | ["hooks", "pre.d" | "post.d"] => Some(Area::ControlDir),
+        ["log"] => Some(Area::ObjectLog),
         _ => controls::classify(class, control).map(Area::Control),
     }
 }
@@ -122,6 +148,8 @@ fn data(rest: &[&str]) -> Area {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::ffi::OsStrExt;
+
     use super::*;
 
     fn c(p: &str) -> Option<Area> {
@@ -153,5 +181,10 @@ mod tests {
         assert_eq!(c("status"), None);
         assert_eq!(c("home/1/a/b/c/d/e/f/g/h/i/j/k/l/m"), Some(Area::Data), "deeper than the names kept");
         assert_eq!(c("tool/t.d/a/b/c/d/e/f/g/h/i/j/k/l"), None);
+        assert_eq!(c("model/a/b/c/d/e/f/g/h/i/j/k/l"), Some(Area::Object), "as deep as it goes");
+        assert_eq!(c("model/a/b/c/d/e/f/g/h/i/j/k.d/l"), Some(Area::Control(Owner::Host)));
+        let bad = std::ffi::OsStr::from_bytes(b"\xff");
+        assert_eq!(classify(&Path::new("home/1000").join(bad)), Some(Area::Data), "a data name in any bytes");
+        assert_eq!(classify(&Path::new("agent").join(bad).join("coder.d/system.md")), None);
     }
 }

@@ -244,10 +244,17 @@ fn committer() -> &'static Committer {
                             logs = c.ready.wait(logs).unwrap_or_else(std::sync::PoisonError::into_inner);
                         }
                     };
-                    let st = log.lock();
-                    let seq = st.open_seq;
                     // The leadership was taken for this thread when the log was handed over.
-                    let _ = log.lead(st, seq);
+                    // A panic in a receiver it tells ends that commit's telling, never this
+                    // thread: the logs queued behind it still get committed.
+                    let led = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        let st = log.lock();
+                        let seq = st.open_seq;
+                        let _ = log.lead(st, seq);
+                    }));
+                    if led.is_err() {
+                        tracing::error!(path = %log.path.display(), "a log commit's receiver panicked");
+                    }
                 }
             });
             match spawned {
@@ -688,7 +695,10 @@ impl AppendLog {
                 }
                 Some((None, reason)) => Err(self.stopped(reason.as_deref().unwrap_or("unknown"))),
             };
-            d.done.finish(r);
+            // Every appender of the batch is told, even when telling one of them panics.
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| d.done.finish(r))).is_err() {
+                tracing::error!(path = %self.path.display(), "an append's receiver panicked");
+            }
         }
         // The emptied buffer serves a later batch.
         if told.capacity() > 0 {

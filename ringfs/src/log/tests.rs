@@ -376,3 +376,25 @@ fn appends_that_wait_on_no_thread_are_each_told_once_when_durable() {
         assert!(log.batches() < 1000, "appends were batched: {} batches", log.batches());
     }
 }
+
+/// Found in review: a receiver that panicked ended the telling of its batch (the appends after
+/// it in the batch were never told) and the committer thread that told it (once both had,
+/// deferred appends of every log were queued for no one).
+#[test]
+fn a_receiver_that_panics_stops_no_committer() {
+    let d = tempfile::tempdir().unwrap();
+    let (log, _) = AppendLog::open(d.path().join("events.jsonl"), Options::default()).unwrap();
+    let log = Arc::new(log);
+    for i in 0..4 {
+        let (tx, rx) = std::sync::mpsc::channel::<bool>();
+        log.append_then(None, b"{\"panics\":true}\n", Done::Call(Box::new(|_| panic!("a receiver panics"))));
+        log.append_then(
+            None,
+            b"{\"told\":true}\n",
+            Done::Call(Box::new(move |r| tx.send(r.is_ok()).unwrap())),
+        );
+        let told = rx.recv_timeout(std::time::Duration::from_secs(10));
+        assert_eq!(told, Ok(true), "round {i}: the append after a panicking receiver is told");
+    }
+    assert_eq!(log.len(), 4 * (16 + 14));
+}

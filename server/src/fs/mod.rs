@@ -241,6 +241,9 @@ const PIECE_BUFS: usize = 8;
 
 /// Handles of closed directories kept for reuse, at most.
 const SPARE_DIRS: usize = 64;
+/// The most room a kept listing keeps: bytes of names, and entries.
+const LISTING_NAMES_KEPT: usize = 64 << 10;
+const LISTING_ENTRIES_KEPT: usize = 2048;
 
 /// Directory handles closed, with their listings' buffers, for the next opens of any
 /// connection. Made with room for directories opened at once (a close's RELEASEDIR comes after
@@ -1413,8 +1416,17 @@ impl CtxFs {
 
     /// Lists directory `ino` into `out`: `.`, `..`, then what is shown of it.
     fn list_dir(&self, ino: u64, out: &mut Listing) -> io::Result<()> {
+        let listed = self.list_dir_into(ino, out);
+        // A listing that failed partway is never served: the next READDIR lists again.
+        out.taken = listed.is_ok();
+        if listed.is_err() {
+            out.clear();
+        }
+        listed
+    }
+
+    fn list_dir_into(&self, ino: u64, out: &mut Listing) -> io::Result<()> {
         out.clear();
-        out.taken = true;
         out.push(b".", ino, libc::DT_DIR as u32);
         out.push(b"..", ROOT, libc::DT_DIR as u32);
         match ino {
@@ -1467,6 +1479,9 @@ impl CtxFs {
         }
         if let Handle::Dir(l) = &mut *lock(&h) {
             l.clear();
+            // A huge directory's buffers are not kept for the life of the process.
+            l.names.shrink_to(LISTING_NAMES_KEPT);
+            l.entries.shrink_to(LISTING_ENTRIES_KEPT);
         } else {
             return;
         }

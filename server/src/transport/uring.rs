@@ -205,7 +205,10 @@ fn steady(conn: &Conn, h: &InHeader, buf: &mut [u8], payload: usize) -> Option<u
             let mut name = [0u8; NAME_MAX];
             let len = payload.min(NAME_MAX);
             name[..len].copy_from_slice(&buf[HEADER..HEADER + len]);
-            let name = std::ffi::CStr::from_bytes_until_nul(&name[..len]).ok()?;
+            // One name, ending in its NUL (as fuse-backend-rs's server requires).
+            let Ok(name) = std::ffi::CStr::from_bytes_with_nul(&name[..len]) else {
+                return Some(reply(buf, h.unique, Err(io::Error::from_raw_os_error(libc::EINVAL))));
+            };
             if h.opcode == OP_LOOKUP {
                 conn.fs.lookup(&ctx, h.nodeid, name).map(|e| put(buf, EntryOut::from(e).as_slice()))
             } else {
@@ -219,6 +222,10 @@ fn steady(conn: &Conn, h: &InHeader, buf: &mut [u8], payload: usize) -> Option<u
                     Err(e) => Err(e),
                 }
             }
+        }
+        OP_READ | OP_READDIR if read::<ReadIn>(&buf[IN_OUT..])?.size as usize > PAYLOAD => {
+            // More than the entry holds (the kernel asks for at most `max_pages`).
+            Err(io::Error::from_raw_os_error(libc::ENOMEM))
         }
         OP_READ => {
             let r: ReadIn = read(&buf[IN_OUT..])?;
@@ -253,14 +260,20 @@ fn steady(conn: &Conn, h: &InHeader, buf: &mut [u8], payload: usize) -> Option<u
         }
         _ => return None,
     };
+    Some(reply(buf, h.unique, r))
+}
+
+/// Puts the header of the reply to request `unique` in the entry `buf`, whose payload holds
+/// the reply's `r` bytes (or which failed); returns the commit id.
+fn reply(buf: &mut [u8], unique: u64, r: io::Result<usize>) -> u64 {
     let (len, error) = match r {
         Ok(n) => (n, 0),
         Err(e) => (0, -e.raw_os_error().unwrap_or(libc::EIO)),
     };
-    let out = OutHeader { len: (OUT_HEADER + len) as u32, error, unique: h.unique };
+    let out = OutHeader { len: (OUT_HEADER + len) as u32, error, unique };
     buf[..OUT_HEADER].copy_from_slice(out.as_bytes());
-    set_ent(buf, h.unique, len);
-    Some(h.unique)
+    set_ent(buf, unique, len);
+    unique
 }
 
 /// `FUSE_OVER_IO_URING`, bit 41 of the INIT flags (bit 9 of `flags2`).
