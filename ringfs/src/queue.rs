@@ -960,12 +960,29 @@ impl Queue {
                 Ok(Beside::Moved)
             }
             Err(Errno::NOENT) => Ok(Beside::Absent),
+            // A result the claim only seems to hold: the one beside the request under a name it
+            // was moved from (a network filesystem's client can resolve a moved file under its
+            // old name, GlusterFS for as long as the file lives), or a name the claim does not
+            // list. The job has its result.
+            Err(Errno::EXIST)
+                if self.same_file(claim, &self.dirs[dest], &result) || !lists(claim, &result) =>
+            {
+                Ok(Beside::Absent)
+            }
             Err(Errno::EXIST) => {
                 r.conflicts.push(format!("{job}: two results; the one in claimed/ is kept"));
                 Ok(Beside::Two)
             }
             Err(e) => Err(Error::io("rename", self.path(dest, &result), e.into())),
         }
+    }
+
+    /// Whether `name` in `a` and `name` in `b` are one file.
+    fn same_file(&self, a: &OwnedFd, b: &OwnedFd, name: &str) -> bool {
+        let id = |d: &OwnedFd| {
+            rustix::fs::statat(d, name, AtFlags::SYMLINK_NOFOLLOW).ok().map(|s| (s.st_dev, s.st_ino))
+        };
+        id(a).is_some_and(|x| Some(x) == id(b))
     }
 
     /// Removes `lease/J` (the fenced worker's lease) so that a new claim can lease the job.
@@ -994,6 +1011,18 @@ enum Beside {
     Absent,
     /// A result is beside the request already: the claim's is left for inspection.
     Two,
+}
+
+/// Whether the directory `dir` lists `name`: a listing, which a network filesystem's client
+/// answers from the volume, not a lookup, which it may answer from a name it still remembers.
+/// When the listing fails, as if it did (nothing is dropped on a guess).
+fn lists(dir: &OwnedFd, name: &str) -> bool {
+    let Ok(entries) = rustix::fs::Dir::read_from(dir) else { return true };
+    let mut failed = false;
+    let found = entries
+        .filter_map(|e| e.map_err(|_| failed = true).ok())
+        .any(|e| e.file_name().to_bytes() == name.as_bytes());
+    found || failed
 }
 
 /// The claim directory is gone from under its worker: removed (`ENOENT`), or moved away on a
@@ -1194,6 +1223,31 @@ mod tests {
         for d in ["lease", "claimed", "pending"] {
             assert_eq!(fs::read_dir(root.join(d)).unwrap().count(), 0, "{d} empty");
         }
+    }
+
+    /// Seen in the race of two daemons on GlusterFS: a committed job's claim still showed its
+    /// result under the name it had been moved from (the client resolves a moved file by its
+    /// old name), and recovery reported "two results" for one. A result the claim shows that is
+    /// the file beside the request, or that the claim does not list, is no second result.
+    #[test]
+    fn a_result_the_claim_only_seems_to_hold_is_no_second_result() {
+        let (_d, q) = q(Duration::ZERO);
+        let root = q.root().to_path_buf();
+        fs::create_dir(root.join("claimed/j.req.json")).unwrap();
+        fs::write(root.join("done/j.req.json"), b"{}").unwrap();
+        fs::write(root.join("done/j.req.json.result"), b"{\"r\":1}").unwrap();
+        // The old name, standing for the moved file: here a second link to it.
+        fs::hard_link(root.join("done/j.req.json.result"), root.join("claimed/j.req.json/j.req.json.result"))
+            .unwrap();
+        let claim = open_dir_at(&q.dirs[CLAIMED], "j.req.json", &root.join("claimed/j.req.json")).unwrap();
+        let mut r = Recovered::default();
+        assert_eq!(q.result_beside(&claim, "j.req.json", DONE, &mut r).unwrap(), Beside::Absent);
+        assert!(r.conflicts.is_empty(), "{r:?}");
+        // A different file there is a second result, kept for a person.
+        fs::remove_file(root.join("claimed/j.req.json/j.req.json.result")).unwrap();
+        fs::write(root.join("claimed/j.req.json/j.req.json.result"), b"{\"r\":2}").unwrap();
+        assert_eq!(q.result_beside(&claim, "j.req.json", DONE, &mut r).unwrap(), Beside::Two);
+        assert_eq!(fs::read(root.join("done/j.req.json.result")).unwrap(), b"{\"r\":1}");
     }
 
     /// Where the filesystem refuses `RENAME_NOREPLACE` (GlusterFS), every step still never
