@@ -382,11 +382,17 @@ fn a_turn_survives_kill_9_of_everything_but_storage_and_is_answered_once() {
     let f = rt.until(done("k1"));
     assert_eq!(f.last().unwrap()["status"], "ok", "{f:?}");
     drop(_host);
-    // The killed run's mounts (its workspace) went when the turn ran again; the new run's go
-    // when it ends.
+    // The killed run's mounts (its workspace) went when the turn ran again, and the killed
+    // daemon's pin of the turn's working directory when the next daemon started; the new run's
+    // and the new pin go when it ends.
+    let pins = h.s.dir.path().join("agent/.cwd");
     let t = Instant::now();
-    while fs::read_to_string("/proc/self/mountinfo").unwrap().contains(&format!("/sockrt/{s}/")) {
-        assert!(t.elapsed() < Duration::from_secs(10), "a run's mounts stayed behind");
+    loop {
+        let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+        if !info.contains(&format!("/sockrt/{s}/")) && !info.contains(&format!("{}/", pins.display())) {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "mounts stayed behind:\n{info}");
         std::thread::sleep(Duration::from_millis(50));
     }
     // Sent again, to this daemon and to the next: the same run, answered from its record.

@@ -167,6 +167,7 @@ pub fn spawn(ctx: &Path, storage: &Path, control: &Path) -> std::io::Result<()> 
         busy: Mutex::new(HashMap::new()),
         connections: Mutex::new((0, HashMap::new())),
     });
+    clear_stale_pins(&server.dir);
     // The agents there now have their sockets before this returns (and so before the daemon
     // says it is up); later ones within a second.
     let mut listeners = HashMap::new();
@@ -814,6 +815,24 @@ impl Server {
 /// The key of a session in the map of running ones: the agent, and the session with its space.
 fn busy_key(agent: &str, space: Option<&str>, session: &str) -> (String, String) {
     (agent.to_owned(), space.map_or_else(|| session.to_owned(), |sp| format!("{sp}/{session}")))
+}
+
+/// Unmounts and removes the pinned working directories (`.cwd/<pid>.<n>`) of daemons that are
+/// gone: a daemon killed during a turn cannot unmount its pin, and its successor does.
+fn clear_stale_pins(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir.join(".cwd")) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let pid = name.to_str().and_then(|n| n.split('.').next()).and_then(|p| p.parse::<i32>().ok());
+        if pid.is_some_and(super::rundir::alive) {
+            continue;
+        }
+        let pin = e.path();
+        super::rundir::unmount_below(&pin);
+        if let Err(err) = std::fs::remove_dir(&pin) {
+            tracing::warn!(pin = %pin.display(), error = %err, "a stale working-directory pin stays");
+        }
+    }
 }
 
 /// A pinned working directory, unmounted and removed when the turn is over.

@@ -15,7 +15,7 @@ use super::{Contract, Error, Result};
 
 /// Whether `pid` runs: it exists and is not a zombie (a supervisor killed with its parent
 /// stays one until whoever inherited it reaps it, which may be never).
-fn alive(pid: i32) -> bool {
+pub(crate) fn alive(pid: i32) -> bool {
     let exists =
         rustix::process::Pid::from_raw(pid).is_some_and(|p| rustix::process::test_kill_process(p).is_ok());
     // /proc/PID/stat: "PID (COMM) STATE ...", COMM may hold anything but ends at the last ')'.
