@@ -110,7 +110,8 @@ fn appends_from_many_views_and_the_host_all_land_whole() {
     h.tool_policy("fs.read", &names.iter().map(|n| format!("{n}_t")).collect::<Vec<_>>());
     let s = session("c");
     let script = format!(
-        "n=0; i=0; while [ $i -lt {CALLS} ]; do /ctx/bin/tsh fs.read a.txt >/dev/null 2>>/tmp/err || n=$((n+1)); \
+        "n=0; i=0; while [ $i -lt {CALLS} ]; do /ctx/bin/tsh fs.read a.txt >/dev/null 2>>/tmp/err \
+         || {{ e=$?; n=$((n+1)); echo \"call $i: tsh exited $e\" >>/tmp/err; }}; \
          i=$((i+1)); done; cat /tmp/err >&2; exit $n"
     );
     let runs: Vec<_> = names
