@@ -16,7 +16,7 @@
 //! ends; their history stays.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -25,6 +25,7 @@ use policy::v0::{Class, Permission, Policy, Query};
 use serde_json::{Value, json};
 
 use super::{Error, Start, agents, rundir, session, supervise};
+use crate::beneath::Tree;
 
 /// Who the run is, and where things are.
 #[derive(Clone, Debug)]
@@ -69,18 +70,16 @@ pub struct ChildRecord {
     pub status: String,
 }
 
-/// The child records of the session whose directory is `session_dir`, sorted by id.
+/// The child records of the session whose directory is `session_dir`, sorted by id. The
+/// records are in the agent's tree: read beneath it ([`crate::beneath`]), never through a link.
 pub fn records(session_dir: &Path) -> Vec<ChildRecord> {
     let mut out = Vec::new();
-    let Ok(entries) = std::fs::read_dir(session_dir.join("context").join("child")) else { return out };
-    for e in entries.flatten() {
-        let read = |n: &str| {
-            let mut t = String::new();
-            let _ = std::fs::File::open(e.path().join(n)).and_then(|f| f.take(4096).read_to_string(&mut t));
-            t.trim().to_owned()
-        };
+    let Ok(children) = Tree::open(session_dir).and_then(|t| t.sub("context/child")) else { return out };
+    for name in children.names(RECORDS_MAX).unwrap_or_default() {
+        let Ok(rec) = children.sub(&name) else { continue };
+        let read = |n: &str| rec.read_string(n, 4096).unwrap_or_default().trim().to_owned();
         out.push(ChildRecord {
-            id: e.file_name().to_string_lossy().into_owned(),
+            id: name.to_string_lossy().into_owned(),
             agent: read("agent"),
             session: read("session"),
             status: read("status"),
@@ -89,6 +88,9 @@ pub fn records(session_dir: &Path) -> Vec<ChildRecord> {
     out.sort();
     out
 }
+
+/// At most this many child records are listed.
+const RECORDS_MAX: usize = 4096;
 
 /// The children a run started.
 pub type Children = Arc<Mutex<Vec<Owned>>>;
@@ -117,14 +119,17 @@ impl Run {
         self.dir.clone()
     }
 
+    /// Reads `rel` of the host's /ctx (at most 1 MiB), beneath it; empty when it cannot.
+    fn ctx_read(&self, rel: &str) -> String {
+        Tree::open(&self.ctx).and_then(|t| t.read_string(rel, 1 << 20)).unwrap_or_default()
+    }
+
     fn storage(&self) -> Option<String> {
-        let status = std::fs::read_to_string(self.ctx.join("status")).ok()?;
-        policy::status::field(&status, "storage").map(str::to_owned)
+        policy::status::field(&self.ctx_read("status"), "storage").map(str::to_owned)
     }
 
     fn own(&self, control: &str) -> String {
-        std::fs::read_to_string(self.ctx.join("agent").join(format!("{}.d", self.agent)).join(control))
-            .unwrap_or_default()
+        self.ctx_read(&format!("agent/{}.d/{control}", self.agent))
     }
 
     /// Whether the caller's policy grants `agent:<child> <permission>`.
@@ -165,9 +170,9 @@ impl Run {
         } else if content.len() > UPDATE_MAX {
             refuse(2, format!("EINVAL: {} bytes is over the 8 KiB limit", content.len()))
         } else {
-            let path = self.ctx.join("agent").join(format!("{}.d", self.agent)).join(control);
             // Written through /ctx: replaced whole when the file is closed.
-            match std::fs::write(&path, content) {
+            let rel = format!("agent/{}.d/{control}", self.agent);
+            match Tree::open(&self.ctx).and_then(|t| t.write(&rel, content.as_bytes(), 0o644).map(drop)) {
                 Ok(()) => Reply::done(format!("replaced agent/{}.d/{control}", self.agent)),
                 Err(e) => refuse(1, format!("agent/{}.d/{control}: {e}", self.agent)),
             }
@@ -199,8 +204,34 @@ impl Run {
         }
     }
 
-    fn child_dir(&self, child: &str, session: &str) -> PathBuf {
-        self.session_dir().join("context").join("child").join(format!("{child}.{session}"))
+    /// The record of the child `child` `session` (`context/child/<child>.<session>`), beneath
+    /// the session's directory.
+    fn child_rel(child: &str, session: &str) -> PathBuf {
+        Path::new("context/child").join(format!("{child}.{session}"))
+    }
+
+    /// The child's record directory, opened beneath the caller's session.
+    fn child_dir(&self, child: &str, session: &str) -> std::io::Result<Tree> {
+        Tree::open(&self.session_dir())?.sub(Self::child_rel(child, session))
+    }
+
+    /// The child's recorded status (empty when it cannot be read).
+    fn child_status(&self, child: &str, session: &str) -> String {
+        self.child_dir(child, session)
+            .and_then(|d| d.read_string("status", 64))
+            .unwrap_or_default()
+            .trim()
+            .to_owned()
+    }
+
+    /// Records the child's status.
+    fn set_status(&self, child: &str, session: &str, status: &str) {
+        let set = self
+            .child_dir(child, session)
+            .and_then(|d| d.write("status", format!("{status}\n").as_bytes(), 0o644));
+        if let Err(e) = set {
+            eprintln!("ctx: agent {child} session {session}: its status: {e}");
+        }
     }
 
     fn start(&self, input: &StartChild, children: &Children) -> Reply {
@@ -208,9 +239,7 @@ impl Run {
         if !self.may(child, Permission::Start) {
             return refuse(13, format!("the caller's policy does not allow agent:{child} start"));
         }
-        let parent =
-            std::fs::read_to_string(self.ctx.join("agent").join(format!("{child}.d")).join("parent"))
-                .unwrap_or_default();
+        let parent = self.ctx_read(&format!("agent/{child}.d/parent"));
         if parent.trim() != self.agent {
             return refuse(
                 13,
@@ -223,18 +252,21 @@ impl Run {
                 return refuse(2, format!("EINVAL: {what} {v:?}: {e}"));
             }
         }
-        let dir = self.child_dir(child, &session);
+        // The record is in the caller's tree: made and written beneath it, never through a
+        // link it planted there (a link in its place refuses the start).
         let record = || -> std::io::Result<()> {
-            std::fs::create_dir_all(dir.join("artifact"))?;
-            std::fs::write(dir.join("agent"), format!("{child}\n"))?;
-            std::fs::write(dir.join("session"), format!("{session}\n"))?;
-            std::fs::write(dir.join("status"), "pending\n")?;
-            std::fs::write(dir.join("handoff.md"), input.handoff.as_deref().unwrap_or(""))?;
-            std::fs::write(dir.join("result.md"), "")?;
-            std::fs::write(dir.join("refs.jsonl"), "")
+            let dir = Tree::open(&self.session_dir())?.make_dirs(Self::child_rel(child, &session), 0o755)?;
+            dir.make_dirs("artifact", 0o755)?;
+            dir.write("agent", format!("{child}\n").as_bytes(), 0o644)?;
+            dir.write("session", format!("{session}\n").as_bytes(), 0o644)?;
+            dir.write("status", b"pending\n", 0o644)?;
+            dir.write("handoff.md", input.handoff.as_deref().unwrap_or("").as_bytes(), 0o644)?;
+            dir.write("result.md", b"", 0o644)?;
+            dir.write("refs.jsonl", b"", 0o644)?;
+            Ok(())
         };
         if let Err(e) = record() {
-            return refuse(1, format!("{}: {e}", dir.display()));
+            return refuse(1, format!("the child's record: {e}"));
         }
         let started = supervise::start_owned(&Start {
             shared: None,
@@ -257,7 +289,7 @@ impl Run {
             resume: None,
             timeout: None,
         });
-        let _ = std::fs::write(dir.join("status"), if started.is_ok() { "active\n" } else { "error\n" });
+        self.set_status(child, &session, if started.is_ok() { "active" } else { "error" });
         match started {
             Ok(supervisor) => {
                 children.lock().unwrap_or_else(|p| p.into_inner()).push(Owned {
@@ -294,15 +326,13 @@ impl Run {
 
     /// Stops an owned child and marks it cancelled (unless it had already ended).
     pub fn cancel(&self, child: &str, session: &str) {
-        let dir = self.child_dir(child, session);
-        let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
-        if matches!(status.trim(), "done" | "error" | "cancelled") {
+        if matches!(self.child_status(child, session).as_str(), "done" | "error" | "cancelled") {
             return;
         }
         if let Err(e) = rundir::stop(child, session) {
             eprintln!("ctx: stopping agent {child} session {session}: {e}");
         }
-        let _ = std::fs::write(dir.join("status"), "cancelled\n");
+        self.set_status(child, session, "cancelled");
     }
 
     /// Records the end of children that finished on their own: `done` (status 0) or `error`.
@@ -313,14 +343,11 @@ impl Run {
                 o.supervisor = None;
             }
             let (child, session) = (&o.agent, &o.session);
-            let dir = self.child_dir(child, session);
-            let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
-            if status.trim() != "active" {
+            if self.child_status(child, session) != "active" {
                 continue;
             }
-            let exit = rundir::exit_of(child, session);
-            if let Some(code) = exit {
-                let _ = std::fs::write(dir.join("status"), if code == 0 { "done\n" } else { "error\n" });
+            if let Some(code) = rundir::exit_of(child, session) {
+                self.set_status(child, session, if code == 0 { "done" } else { "error" });
             }
         }
     }
@@ -337,8 +364,7 @@ impl Run {
                 format!("refused by the agent policy: it does not allow {label} tool:{tool} execute"),
             ));
         }
-        let own = std::fs::read_to_string(self.ctx.join("tool").join(format!("{tool}.d")).join("policy"))
-            .unwrap_or_default();
+        let own = self.ctx_read(&format!("tool/{tool}.d/policy"));
         if !Policy::from_text(own.as_bytes()).is_ok_and(|p| p.allows(&q)) {
             return Err(refuse(
                 13,
@@ -379,9 +405,11 @@ fn serve_one(run: &Run, stream: UnixStream, children: &Children) {
 
 /// Serves the receipt socket at `path` on a thread of its own, for the life of the process.
 pub fn serve(run: Run, path: &Path, children: Children) -> std::io::Result<()> {
-    let _ = std::fs::remove_file(path);
-    let listener = UnixListener::bind(path)?;
-    std::os::unix::fs::chown(path, Some(run.uid), None)?;
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return Err(std::io::ErrorKind::InvalidInput.into());
+    };
+    // The socket's directory is the agent's (bound into its sandbox).
+    let listener = Tree::open(dir)?.bind(name, run.uid)?;
     std::thread::Builder::new().name("receipt".into()).spawn(move || {
         for stream in listener.incoming().flatten() {
             serve_one(&run, stream, &children);

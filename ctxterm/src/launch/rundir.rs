@@ -59,7 +59,7 @@ pub fn prepare(c: &Contract) -> Result<()> {
     // A run whose supervisor was killed (kill -9) left its mounts (the idmapped workspace)
     // behind: they go before its directory does, or it cannot.
     unmount_below(&c.runtime);
-    let _ = std::fs::remove_dir_all(&c.runtime);
+    remove(&c.runtime)?;
     let agents = (Some(rustix::fs::Uid::from_raw(c.uid)), Some(rustix::fs::Gid::from_raw(c.gid)));
     for dir in ["term", "receipt"] {
         let d = c.runtime.join(dir);
@@ -73,6 +73,18 @@ pub fn prepare(c: &Contract) -> Result<()> {
         d.pop();
     }
     Ok(())
+}
+
+/// Removes the run directory `run` and what is below it (the agent's socket directories too),
+/// never through a link and never across a mount: a mount still there stops the removal with
+/// `EXDEV`, and what it shows is not touched.
+pub fn remove(run: &Path) -> Result<()> {
+    let (Some(parent), Some(name)) = (run.parent(), run.file_name()) else { return Ok(()) };
+    match crate::beneath::Tree::open(parent) {
+        Ok(p) => p.remove_all(name).map_err(at(run)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(at(run)(e)),
+    }
 }
 
 /// Detaches every mount at or below `dir`, deepest first (`/proc/self/mountinfo`).

@@ -20,6 +20,7 @@ use serde_json::json;
 
 use super::receipt::{self, Children, Run};
 use super::{Contract, Error, Result, Start, cgroups, contract, rundir, sandbox, session, view};
+use crate::beneath::Tree;
 
 /// The supervisor of a run: `ctxterm supervise CONTRACT`, the `ctxterm` beside the running
 /// program (`ctx`, or the supervisor of a parent run starting a child).
@@ -239,14 +240,34 @@ fn serve_key(c: &Contract, key: Vec<u8>) -> Result<()> {
         0,
     )
     .map_err(|e| fail(e.into()))?;
-    rustix::fs::chown(&fifo, Some(rustix::fs::Uid::from_raw(c.uid)), Some(rustix::fs::Gid::from_raw(c.gid)))
-        .map_err(|e| fail(e.into()))?;
+    rustix::fs::chownat(
+        rustix::fs::CWD,
+        &fifo,
+        Some(rustix::fs::Uid::from_raw(c.uid)),
+        Some(rustix::fs::Gid::from_raw(c.gid)),
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .map_err(|e| fail(e.into()))?;
     std::thread::Builder::new()
         .name("key".into())
         .spawn(move || {
-            if let Ok(mut f) = std::fs::OpenOptions::new().write(true).open(&fifo) {
-                let _ = std::fs::remove_file(&fifo);
-                let _ = f.write_all(&key);
+            // The FIFO is opened by name only as one: nothing in its place is written to.
+            let (Some(dir), Some(name)) = (fifo.parent(), fifo.file_name()) else { return };
+            let Ok(dir) = Tree::open(dir) else { return };
+            let opened = rustix::fs::openat2(
+                &dir,
+                name,
+                rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+                rustix::fs::ResolveFlags::BENEATH | rustix::fs::ResolveFlags::NO_SYMLINKS,
+            );
+            if let Ok(fd) = opened {
+                let _ = dir.remove(name);
+                if rustix::fs::fstat(&fd)
+                    .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode).is_fifo())
+                {
+                    let _ = std::fs::File::from(fd).write_all(&key);
+                }
             }
         })
         .map_err(fail)?;
@@ -265,8 +286,11 @@ enum Ready {
 fn ready(c: &Contract, child: &mut std::process::Child, wait: bool) -> Result<Ready> {
     let sock = c.runtime.join("term/main.sock");
     let t = Instant::now();
+    // The terminal's directory is the agent's: its socket is connected to beneath the run's
+    // directory, only when it is a socket of the agent's uid.
+    let run = Tree::open(&c.runtime).map_err(|e| Error::Supervise(e.to_string()))?;
     loop {
-        if let Ok(mut conn) = std::os::unix::net::UnixStream::connect(&sock) {
+        if let Ok(mut conn) = run.connect("term/main.sock", c.uid) {
             if wait {
                 // The terminal waits for this first client: all of its output is shown here.
                 conn.write_all(b"watch\n")?;
@@ -502,8 +526,15 @@ pub fn supervise(contract_file: &Path, key_fd: Option<i32>) -> Result<()> {
     view::remove(&c.control, &c.view);
     sandbox::release(&c);
     // What stays of a run is its status (`exit`) and the supervisor's own log (0600).
-    let _ = std::fs::remove_dir_all(c.runtime.join("term"));
-    let _ = std::fs::remove_dir_all(c.runtime.join("receipt"));
+    // The socket directories are the agent's: removed beneath the run's directory, never
+    // through a link or across a mount.
+    if let Ok(run) = Tree::open(&c.runtime) {
+        for d in ["term", "receipt"] {
+            if let Err(e) = run.remove_all(d) {
+                eprintln!("agent {} session {}: {e}", c.agent, c.session);
+            }
+        }
+    }
     let _ = std::fs::remove_file(contract_file);
     let _ = std::fs::remove_file(c.runtime.join("pid"));
     groups.remove();
@@ -533,6 +564,6 @@ fn lost_view(c: &Contract, code: i32) {
         session::finish(&c.session_dir(&c.ctx), code.max(1));
     } else if let Some(storage) = &c.storage {
         let d = c.session_dir(storage);
-        let _ = std::fs::write(d.join("state"), "error\n");
+        let _ = Tree::open(&d).and_then(|t| t.write("state", b"error\n", 0o644));
     }
 }

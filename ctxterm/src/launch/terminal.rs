@@ -9,10 +9,18 @@ use policy::runtime;
 
 use super::{Error, Result, rundir};
 
+/// Connects to the run's terminal socket. Its directory is the agent's (bound into the
+/// sandbox), so the socket is reached beneath the run's directory without following a link,
+/// and only when it is a socket of the run's uid (the contract, root's, says which).
 fn connect_to(agent: &str, session: &str) -> Result<UnixStream> {
-    let sock = runtime::run_dir(agent, session).join("term/main.sock");
-    UnixStream::connect(&sock)
-        .map_err(|e| Error::Unavailable(format!("{}: {e} (is the agent running?)", sock.display())))
+    let run = runtime::run_dir(agent, session);
+    let unavailable = |e: &dyn std::fmt::Display| {
+        Error::Unavailable(format!("{}: {e} (is the agent running?)", run.join("term/main.sock").display()))
+    };
+    let c = rundir::read_contract(&run.join("contract.json")).map_err(|e| unavailable(&e))?;
+    crate::beneath::Tree::open(&run)
+        .and_then(|t| t.connect("term/main.sock", c.uid))
+        .map_err(|e| unavailable(&e))
 }
 
 /// The key that detaches an attached client and leaves the run going: Ctrl-] (as telnet's).
