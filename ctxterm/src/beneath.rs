@@ -288,6 +288,25 @@ impl Tree {
     }
 }
 
+impl From<Tree> for OwnedFd {
+    fn from(t: Tree) -> OwnedFd {
+        t.fd
+    }
+}
+
+/// Opens the directory `path` with `flags` (`O_DIRECTORY`, `O_NOFOLLOW` and `O_CLOEXEC` added;
+/// `O_PATH` for one root may not read) with no symlink or magic link anywhere on its path: the
+/// raw form of [`Tree::open`], for callers that map its errors themselves.
+pub fn open_dir(path: &Path, flags: OFlags) -> rustix::io::Result<OwnedFd> {
+    rustix::fs::openat2(
+        rustix::fs::CWD,
+        path,
+        flags | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
+}
+
 impl AsFd for Tree {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()

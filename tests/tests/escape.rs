@@ -166,3 +166,32 @@ fn the_operators_line_never_reaches_another_agents_terminal() {
     assert!(!wb.join("pwned").exists(), "the operator's line ran in bb: {}", tests::shown(&sent));
     assert_eq!(sent.status.code(), Some(69), "{}", tests::shown(&sent));
 }
+
+#[test]
+fn the_doctors_cleanup_never_deletes_through_a_mount_left_in_a_run() {
+    // A run whose supervisor is gone, its workspace still bound in its run directory (a
+    // supervisor killed with kill -9 leaves it so).
+    let run = PathBuf::from(format!("/run/cortexfs/agent/docfix/{}", tests::unique("d")));
+    fs::create_dir_all(run.join("workspace")).unwrap();
+    let mut dead = Command::new("true").spawn().unwrap();
+    let pid = dead.id();
+    dead.wait().unwrap();
+    fs::write(run.join("pid"), pid.to_string()).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    fs::write(work.path().join("precious"), "the operator's\n").unwrap();
+    let bound = Command::new("mount").arg("--bind").arg(work.path()).arg(run.join("workspace")).status().unwrap();
+    assert!(bound.success());
+    let out = ctx(&["doctor", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runs = v.as_array().unwrap().iter().find(|c| c["name"] == "runs").cloned().unwrap_or_default();
+    assert!(runs["detail"].as_str().unwrap_or("").contains(run.to_str().unwrap()), "{v}");
+    assert!(!runs["fix"].as_str().unwrap_or("").contains("rm -r"), "{runs}");
+    let _ = ctx(&["doctor", "--fix-runs"]);
+    let mounted = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    if mounted.contains(run.to_str().unwrap()) {
+        let _ = Command::new("umount").arg("-l").arg(run.join("workspace")).status();
+    }
+    assert_eq!(fs::read_to_string(work.path().join("precious")).unwrap(), "the operator's\n");
+    assert!(!run.exists(), "the stale run's state is gone");
+    let _ = fs::remove_dir(run.parent().unwrap());
+}

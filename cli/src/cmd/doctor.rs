@@ -24,10 +24,22 @@ pub struct Args {
     /// Print a JSON array of {"name","ok","detail","fix"}.
     #[arg(long)]
     json: bool,
+    /// Remove the run state of supervisors that are gone (each run's mounts are detached
+    /// first; nothing is removed across a mount), then check.
+    #[arg(long)]
+    fix_runs: bool,
 }
 
 /// Runs `ctx doctor`.
 pub fn run(a: Args) -> anyhow::Result<()> {
+    if a.fix_runs {
+        for (d, r) in doctor::fix_runs() {
+            match r {
+                Ok(()) => eprintln!("ctx: removed {}", d.display()),
+                Err(e) => eprintln!("ctx: {} stays: {e}", d.display()),
+            }
+        }
+    }
     let checks = doctor::run(&Host { storage: &a.source, ctx: &a.ctx, control: &a.control });
     if a.json {
         out::line(serde_json::to_string(&checks)?)?;

@@ -21,10 +21,21 @@ fn dir(ctx: &Path, uid: u32, agent: &str, session: &str) -> PathBuf {
     policy::runtime::session_dir(ctx, uid, agent, session)
 }
 
+/// Reads at most `max` bytes of the file `rel` of the session directory `d`: the session is
+/// the agent's tree, so the file is opened beneath it ([`ctxterm::beneath`]), never through a
+/// link the agent planted.
+fn read_in(d: &Path, rel: &str, max: u64) -> std::io::Result<Vec<u8>> {
+    ctxterm::beneath::Tree::open(d)?.read(rel, max)
+}
+
+/// The most of a session file `ctx` reads at once (a larger one is cut here).
+const SESSION_FILE_MAX: u64 = 256 << 20;
+
 /// `ctx agent history`: the session's messages, as recorded.
 pub fn history(ctx: &Path, agent: &str, session: &str, json: bool) -> anyhow::Result<()> {
-    let p = dir(ctx, uid_of(ctx, agent)?, agent, session).join("messages.jsonl");
-    let t = std::fs::read(&p).map_err(|e| Exit::io(p.display(), &e))?;
+    let d = dir(ctx, uid_of(ctx, agent)?, agent, session);
+    let p = d.join("messages.jsonl");
+    let t = read_in(&d, "messages.jsonl", SESSION_FILE_MAX).map_err(|e| Exit::io(p.display(), &e))?;
     if json {
         let mut all = Vec::new();
         for (i, line) in t.split(|&b| b == b'\n').enumerate().filter(|(_, l)| !l.is_empty()) {
@@ -41,8 +52,9 @@ pub fn history(ctx: &Path, agent: &str, session: &str, json: bool) -> anyhow::Re
 
 /// `ctx agent output`: the session's `latest.md`.
 pub fn output(ctx: &Path, agent: &str, session: &str) -> anyhow::Result<()> {
-    let p = dir(ctx, uid_of(ctx, agent)?, agent, session).join("latest.md");
-    let t = std::fs::read(&p).map_err(|e| Exit::io(p.display(), &e))?;
+    let d = dir(ctx, uid_of(ctx, agent)?, agent, session);
+    let p = d.join("latest.md");
+    let t = read_in(&d, "latest.md", SESSION_FILE_MAX).map_err(|e| Exit::io(p.display(), &e))?;
     std::io::Write::write_all(&mut std::io::stdout(), &t)?;
     Ok(())
 }
@@ -98,11 +110,12 @@ struct OnDisk(PathBuf);
 
 impl policy::pack::Session for OnDisk {
     fn line(&self, file: &str, n: usize) -> Option<Vec<u8>> {
-        let text = std::fs::read(self.0.join(file)).ok()?;
+        let text = read_in(&self.0, file, SESSION_FILE_MAX).ok()?;
         text.split(|b| *b == b'\n').nth(n - 1).filter(|l| !l.is_empty()).map(<[u8]>::to_vec)
     }
     fn child(&self, id: &str) -> bool {
-        self.0.join("context/child").join(id).is_dir()
+        ctxterm::beneath::Tree::open(&self.0)
+            .is_ok_and(|t| t.sub(Path::new("context/child").join(id)).is_ok())
     }
     fn sha256(&self, bytes: &[u8]) -> String {
         use sha2::Digest;
@@ -115,9 +128,9 @@ impl policy::pack::Session for OnDisk {
 pub fn pack_check(ctx: &Path, agent: &str, session: &str) -> anyhow::Result<()> {
     let d = dir(ctx, uid_of(ctx, agent)?, agent, session);
     let p = d.join("context/pack.json");
-    let bytes = std::fs::read(&p).map_err(|e| Exit::io(p.display(), &e))?;
+    let bytes = read_in(&d, "context/pack.json", SESSION_FILE_MAX).map_err(|e| Exit::io(p.display(), &e))?;
     let mut problems: Vec<String> = Vec::new();
-    if !d.join("context/pack.md").is_file() {
+    if read_in(&d, "context/pack.md", 0).is_err() {
         problems.push("context/pack.md is missing (the pack is pack.json and pack.md, side by side)".into());
     }
     match policy::pack::inspect_context_pack_json(&bytes) {

@@ -153,9 +153,11 @@ struct Server {
 /// control socket is `control`, on a thread of its own.
 pub fn spawn(ctx: &Path, storage: &Path, control: &Path) -> std::io::Result<()> {
     let dir = socket_dir(control);
+    // root's: the daemon's runtime directory
     std::fs::create_dir_all(&dir)?;
     // Passed through, not listed (the default is the directory of runs, whose names are
     // nobody else's business): connecting needs only the search bit.
+    // root's: the daemon's runtime directory
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?;
     let server = Arc::new(Server {
         ctx: ctx.to_path_buf(),
@@ -183,22 +185,26 @@ pub fn remove_all(storage: &Path, control: &Path) {
     for name in agents(storage) {
         let socket = dir.join(format!("{name}.sock"));
         let link = storage.join("agent").join(format!("{name}.sock"));
+        // root's: the storage's agent directory
         if std::fs::read_link(&link).ok().as_deref() == Some(socket.as_path()) {
+            // root's: the storage's agent directory
             let _ = std::fs::remove_file(&link);
         }
+        // root's: the daemon's runtime directory
         let _ = std::fs::remove_file(&socket);
     }
 }
 
 /// The agent objects in `storage`: names with an executable and a control directory.
 fn agents(storage: &Path) -> Vec<String> {
+    // root's: the storage's agent directory
     let Ok(rd) = std::fs::read_dir(storage.join("agent")) else { return Vec::new() };
     let mut v: Vec<String> = rd
         .filter_map(|e| e.ok())
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file())) // root's: a type, no path
         .filter_map(|e| e.file_name().into_string().ok())
         .filter(|n| policy::name::validate(n).is_ok())
-        .filter(|n| storage.join("agent").join(format!("{n}.d")).is_dir())
+        .filter(|n| storage.join("agent").join(format!("{n}.d")).is_dir()) // root's: the storage's agent directory
         .collect();
     v.sort();
     v
@@ -216,7 +222,9 @@ impl Server {
         listeners.retain(|name, _| {
             let keep = now.contains(name);
             if !keep {
+                // root's: the daemon's runtime directory
                 let _ = std::fs::remove_file(self.socket(name));
+                // root's: the storage's agent directory
                 let _ = std::fs::remove_file(self.storage.join("agent").join(format!("{name}.sock")));
             }
             keep
@@ -313,15 +321,22 @@ impl Server {
 
     fn bind(&self, name: &str) -> std::io::Result<UnixListener> {
         let path = self.socket(name);
+        // root's: the daemon's runtime directory
         let _ = std::fs::remove_file(&path);
+        // root's: the daemon's runtime directory
         let l = UnixListener::bind(&path)?;
         // Anyone may connect; who may drive the agent is decided by the peer's credentials.
+        // root's: the daemon's runtime directory
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
         let link = self.storage.join("agent").join(format!("{name}.sock"));
+        // root's: the storage's agent directory
         if std::fs::read_link(&link).ok().as_deref() != Some(path.as_path()) {
             let tmp = self.storage.join("agent").join(format!(".{name}.sock.{}", std::process::id()));
+            // root's: the storage's agent directory
             let _ = std::fs::remove_file(&tmp);
+            // root's: the storage's agent directory
             std::os::unix::fs::symlink(&path, &tmp)?;
+            // root's: the storage's agent directory
             std::fs::rename(&tmp, &link)?;
         }
         Ok(l)
@@ -330,6 +345,7 @@ impl Server {
     fn control(&self, agent: &str, name: &str) -> String {
         let p = self.storage.join("agent").join(format!("{agent}.d")).join(name);
         let mut s = String::new();
+        // root's: the storage's agent controls
         let _ = std::fs::File::open(p).and_then(|f| f.take(64 * 1024).read_to_string(&mut s));
         s.trim().to_owned()
     }
@@ -504,18 +520,17 @@ impl Server {
     /// Binds the directory `c` (the caller's own, unless the caller is root) at a path of the
     /// daemon's runtime directory, from a descriptor opened without following a symlink.
     fn pin(&self, c: &str, caller: u32) -> Result<PathBuf, Refusal> {
-        use rustix::fs::{Mode, OFlags, ResolveFlags};
+        use rustix::fs::OFlags;
         use rustix::mount::{MoveMountFlags, OpenTreeFlags};
         let refuse = |code: &'static str, message: String| Refusal { code, message };
         let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
-        let fd = rustix::fs::openat2(rustix::fs::CWD, c, flags, Mode::empty(), ResolveFlags::NO_SYMLINKS)
-            .map_err(|e| match e {
-                rustix::io::Errno::LOOP | rustix::io::Errno::XDEV => {
-                    refuse("EACCES", format!("cwd {c}: a path through a symlink is not given to an agent"))
-                }
-                rustix::io::Errno::NOTDIR => refuse("ENOTDIR", format!("cwd {c} is not a directory")),
-                e => refuse("ENOENT", format!("cwd {c}: {e}")),
-            })?;
+        let fd = crate::beneath::open_dir(std::path::Path::new(c), flags).map_err(|e| match e {
+            rustix::io::Errno::LOOP | rustix::io::Errno::XDEV => {
+                refuse("EACCES", format!("cwd {c}: a path through a symlink is not given to an agent"))
+            }
+            rustix::io::Errno::NOTDIR => refuse("ENOTDIR", format!("cwd {c} is not a directory")),
+            e => refuse("ENOENT", format!("cwd {c}: {e}")),
+        })?;
         let st = rustix::fs::fstat(&fd).map_err(|e| refuse("EIO", format!("cwd {c}: {e}")))?;
         if caller != 0 && st.st_uid != caller {
             return Err(refuse("EACCES", format!("cwd {c} is not the caller's (uid {caller}) to give")));
@@ -528,11 +543,14 @@ impl Server {
         .map_err(|e| refuse("EIO", format!("cwd {c}: open_tree: {e}")))?;
         let pins = self.dir.join(".cwd");
         let io = |e: std::io::Error| refuse("EIO", format!("{}: {e}", pins.display()));
+        // root's: the daemon's runtime directory
         std::fs::create_dir_all(&pins).map_err(io)?;
+        // root's: the daemon's runtime directory
         std::fs::set_permissions(&pins, std::fs::Permissions::from_mode(0o711)).map_err(io)?;
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let at = pins.join(format!("{}.{n}", std::process::id()));
+        // root's: the daemon's runtime directory
         let _ = std::fs::create_dir(&at);
         rustix::mount::move_mount(&tree, "", rustix::fs::CWD, &at, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
             .map_err(|e| refuse("EIO", format!("cwd {c}: move_mount: {e}")))?;
@@ -554,12 +572,17 @@ impl Server {
             return Err(refuse("ENOTSUP", "temp sessions are not served by this release".into()));
         }
         if let Some(c) = &s.cwd {
-            use std::os::unix::fs::MetadataExt;
-            let m = std::fs::metadata(c).map_err(|e| refuse("ENOENT", format!("cwd {c}: {e}")))?;
-            if !m.is_dir() {
-                return Err(refuse("ENOTDIR", format!("cwd {c} is not a directory")));
-            }
-            if caller != 0 && m.uid() != caller {
+            // Looked at without following a link anywhere on its path (a caller's tree).
+            let m = crate::beneath::Tree::open(std::path::Path::new(c)).and_then(|t| t.stat("")).map_err(
+                |e| {
+                    if e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error()) {
+                        refuse("ENOTDIR", format!("cwd {c} is not a directory"))
+                    } else {
+                        refuse("ENOENT", format!("cwd {c}: {e}"))
+                    }
+                },
+            )?;
+            if caller != 0 && m.st_uid != caller {
                 return Err(refuse("EACCES", format!("cwd {c} is not the caller's (uid {caller}) to give")));
             }
         }
@@ -820,6 +843,7 @@ fn busy_key(agent: &str, space: Option<&str>, session: &str) -> (String, String)
 /// Unmounts and removes the pinned working directories (`.cwd/<pid>.<n>`) of daemons that are
 /// gone: a daemon killed during a turn cannot unmount its pin, and its successor does.
 fn clear_stale_pins(dir: &Path) {
+    // root's: the daemon's runtime directory
     let Ok(entries) = std::fs::read_dir(dir.join(".cwd")) else { return };
     for e in entries.flatten() {
         let name = e.file_name();
@@ -829,6 +853,7 @@ fn clear_stale_pins(dir: &Path) {
         }
         let pin = e.path();
         super::rundir::unmount_below(&pin);
+        // root's: the daemon's runtime directory
         if let Err(err) = std::fs::remove_dir(&pin) {
             tracing::warn!(pin = %pin.display(), error = %err, "a stale working-directory pin stays");
         }
@@ -841,6 +866,7 @@ struct Pin(PathBuf);
 impl Drop for Pin {
     fn drop(&mut self) {
         let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
+        // root's: the daemon's runtime directory
         let _ = std::fs::remove_dir(&self.0);
     }
 }
@@ -928,6 +954,7 @@ fn codex_session(profile: &str, stderr: &str) -> Option<String> {
 /// A random (version 4) UUID.
 fn uuid() -> std::io::Result<String> {
     let mut b = [0u8; 16];
+    // root's: /dev
     std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
@@ -982,6 +1009,7 @@ fn frame(out: &mut impl Write, v: &Value) -> std::io::Result<()> {
 /// A client: connects to `socket`; returns the stream to write requests to, a reader of its
 /// frames, and the first frame (the hello, or the refusal that came instead).
 pub fn connect(socket: &Path) -> Result<(UnixStream, BufReader<UnixStream>, Value), String> {
+    // root's: /ctx/agent, the objects' directory
     let s = UnixStream::connect(socket).map_err(|e| format!("{}: {e}", socket.display()))?;
     let mut r = BufReader::new(s.try_clone().map_err(|e| e.to_string())?);
     let first =

@@ -7,6 +7,7 @@ use policy::runtime::{self, ControlRequest};
 use serde::Serialize;
 
 use super::{agents, cgroups, contract, rundir, view};
+use crate::beneath::Tree;
 
 /// One check.
 #[derive(Clone, Debug, Serialize)]
@@ -71,7 +72,7 @@ pub fn run(h: &Host<'_>) -> Vec<Check> {
 
 fn uring() -> Check {
     let p = "/sys/module/fuse/parameters/enable_uring";
-    let v = std::fs::read_to_string(p).unwrap_or_default();
+    let v = std::fs::read_to_string(p).unwrap_or_default(); // root's: /sys
     // Informational: without it `ctx mount --transport auto` serves /dev/fuse.
     let (detail, fix) = match v.trim() {
         "Y" => ("FUSE over io_uring is enabled in the kernel: ctx mount serves over it".to_owned(), None),
@@ -85,10 +86,11 @@ fn uring() -> Check {
 }
 
 fn storage(s: &Path) -> Check {
-    let missing: Vec<&str> =
-        ["tool", "agent", "model", "home", "shared"].into_iter().filter(|d| !s.join(d).is_dir()).collect();
+    let top = |d: &&str| !s.join(d).is_dir(); // root's: the storage's top levels
+    let missing: Vec<&str> = ["tool", "agent", "model", "home", "shared"].into_iter().filter(top).collect();
     check(
         "storage",
+        // root's: the storage
         if !s.is_dir() {
             Err((format!("{} does not exist", s.display()), format!("ctx bootstrap {}", s.display())))
         } else if !missing.is_empty() {
@@ -126,7 +128,7 @@ fn mount(ctx: &Path) -> Check {
                 format!("{} is a dead mount (its daemon is gone)", ctx.display()),
                 format!("umount -l {0}; then ctx mount {0}", ctx.display()),
             )),
-            _ => match std::fs::read_to_string(ctx.join("status")) {
+            _ => match Tree::open(ctx).and_then(|t| t.read_string("status", 64 << 10)) {
                 Ok(s) if policy::status::field(&s, "view") == Some("host") => {
                     Ok(format!("{} serves the host view", ctx.display()))
                 }
@@ -140,7 +142,7 @@ fn mount(ctx: &Path) -> Check {
 }
 
 fn dead_views() -> Check {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(); // root's: /proc
     let dead: Vec<String> = info
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
@@ -187,16 +189,39 @@ fn labels(storage: &Path) -> Check {
     )
 }
 
-fn runs() -> Check {
+/// The run directories whose supervisor is gone (a `pid` file and no such process).
+pub fn stale_runs() -> Vec<PathBuf> {
     let mut left: Vec<PathBuf> = Vec::new();
-    for a in std::fs::read_dir(runtime::AGENT_RUNTIME).into_iter().flatten().flatten() {
-        for s in std::fs::read_dir(a.path()).into_iter().flatten().flatten() {
-            let d = s.path();
-            if d.join("pid").exists() && rundir::supervisor(&d).is_none() {
+    let Ok(root) = Tree::open(Path::new(runtime::AGENT_RUNTIME)) else { return left };
+    for a in root.names(usize::MAX).unwrap_or_default() {
+        let Ok(agent) = root.sub(&a) else { continue };
+        for s in agent.names(usize::MAX).unwrap_or_default() {
+            let d = Path::new(runtime::AGENT_RUNTIME).join(&a).join(&s);
+            if agent.exists(Path::new(&s).join("pid")) && rundir::supervisor(&d).is_none() {
                 left.push(d);
             }
         }
     }
+    left.sort();
+    left
+}
+
+/// Removes the run state of supervisors that are gone: each run's mounts (its workspace, its
+/// pins) are detached first, and the removal never follows a link or crosses a mount.
+/// Returns what was removed, and what could not be with why.
+pub fn fix_runs() -> Vec<(PathBuf, Result<(), String>)> {
+    stale_runs()
+        .into_iter()
+        .map(|d| {
+            rundir::unmount_below(&d);
+            let r = rundir::remove(&d).map_err(|e| e.to_string());
+            (d, r)
+        })
+        .collect()
+}
+
+fn runs() -> Check {
+    let left = stale_runs();
     check(
         "runs",
         if left.is_empty() {
@@ -205,7 +230,9 @@ fn runs() -> Check {
             let shown: Vec<String> = left.iter().map(|p| p.display().to_string()).collect();
             Err((
                 format!("run state of supervisors that are gone: {}", shown.join(" ")),
-                "rm -r each (the session's own record stays in /ctx)".into(),
+                "ctx doctor --fix-runs (detaches each run's mounts first and never removes across one; \
+                 the session's own record stays in /ctx)"
+                    .into(),
             ))
         },
     )

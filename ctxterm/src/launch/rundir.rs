@@ -5,11 +5,12 @@
 //! ended is its `exit` and its `log`.
 
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use policy::runtime;
+
+use crate::beneath::Tree;
 
 use super::{Contract, Error, Result};
 
@@ -19,7 +20,7 @@ pub(crate) fn alive(pid: i32) -> bool {
     let exists =
         rustix::process::Pid::from_raw(pid).is_some_and(|p| rustix::process::test_kill_process(p).is_ok());
     // /proc/PID/stat: "PID (COMM) STATE ...", COMM may hold anything but ends at the last ')'.
-    let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")) // root's: /proc
         .ok()
         .and_then(|s| s.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()));
     exists && !matches!(state, Some('Z' | 'X'))
@@ -27,7 +28,7 @@ pub(crate) fn alive(pid: i32) -> bool {
 
 /// The pid of the supervisor of the run whose directory is `run`, while it runs.
 pub fn supervisor(run: &Path) -> Option<i32> {
-    let pid: i32 = std::fs::read_to_string(run.join("pid")).ok()?.trim().parse().ok()?;
+    let pid: i32 = Tree::open(run).and_then(|t| t.read_string("pid", 64)).ok()?.trim().parse().ok()?;
     alive(pid).then_some(pid)
 }
 
@@ -42,7 +43,7 @@ pub fn exit_of(agent: &str, session: &str) -> Option<i32> {
 
 /// The status recorded in `run/exit`.
 pub fn recorded_exit<T: std::str::FromStr>(run: &Path) -> Option<T> {
-    std::fs::read_to_string(run.join("exit")).ok()?.trim().parse().ok()
+    Tree::open(run).and_then(|t| t.read_string("exit", 64)).ok()?.trim().parse().ok()
 }
 
 fn at(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
@@ -61,16 +62,21 @@ pub fn prepare(c: &Contract) -> Result<()> {
     unmount_below(&c.runtime);
     remove(&c.runtime)?;
     let agents = (Some(rustix::fs::Uid::from_raw(c.uid)), Some(rustix::fs::Gid::from_raw(c.gid)));
-    for dir in ["term", "receipt"] {
-        let d = c.runtime.join(dir);
-        std::fs::create_dir_all(&d).map_err(at(&d))?;
-        rustix::fs::chown(&d, agents.0, agents.1).map_err(|e| at(&d)(e.into()))?;
-        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).map_err(at(&d))?;
+    // From /run down, each level is root's: made (0711: passed through, not listed) beneath
+    // the one above it; the socket directories below it are the agent's (0700).
+    let rel = c
+        .runtime
+        .strip_prefix("/run")
+        .map_err(|_| Error::Internal(format!("{}: not below /run", c.runtime.display())))?;
+    let mut t = Tree::open(Path::new("/run")).map_err(at(&c.runtime))?;
+    for part in rel.components() {
+        t = t.make_dirs(part, 0o711).map_err(at(&c.runtime))?;
+        t.chmod(0o711).map_err(at(&c.runtime))?;
     }
-    let mut d = c.runtime.clone();
-    while d.starts_with(runtime::RUN_ROOT) && d != Path::new("/run") {
-        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o711)).map_err(at(&d))?;
-        d.pop();
+    for dir in ["term", "receipt"] {
+        let d = t.make_dirs(dir, 0o700).map_err(at(&c.runtime))?;
+        rustix::fs::fchown(&d, agents.0, agents.1).map_err(|e| at(&c.runtime)(e.into()))?;
+        d.chmod(0o700).map_err(at(&c.runtime))?;
     }
     Ok(())
 }
@@ -89,7 +95,7 @@ pub fn remove(run: &Path) -> Result<()> {
 
 /// Detaches every mount at or below `dir`, deepest first (`/proc/self/mountinfo`).
 pub fn unmount_below(dir: &Path) {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return }; // root's: /proc
     let mut points: Vec<PathBuf> = info
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
@@ -109,13 +115,10 @@ pub fn unmount_below(dir: &Path) {
 
 /// Creates (or truncates) a file of the run directory that only root reads (0600).
 pub fn private(path: &Path) -> Result<std::fs::File> {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(at(path))
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(at(path)(std::io::ErrorKind::InvalidInput.into()));
+    };
+    Tree::open(dir).and_then(|t| t.write(name, b"", 0o600)).map_err(at(path))
 }
 
 /// Writes the contract of the run to `contract.json`; returns its path.
@@ -128,29 +131,28 @@ pub fn write_contract(c: &Contract) -> Result<PathBuf> {
 
 /// Reads a contract back.
 pub fn read_contract(path: &Path) -> Result<Contract> {
-    let bytes = std::fs::read(path).map_err(at(path))?;
+    let bytes = std::fs::read(path).map_err(at(path))?; // root's: the run directory
     serde_json::from_slice(&bytes).map_err(|e| Error::Supervise(format!("{}: {e}", path.display())))
 }
 
 /// Records the supervisor's pid.
 pub fn write_pid(c: &Contract, pid: u32) -> Result<()> {
     let p = c.runtime.join("pid");
-    std::fs::write(&p, pid.to_string()).map_err(at(&p))
+    Tree::open(&c.runtime)
+        .and_then(|t| t.write("pid", pid.to_string().as_bytes(), 0o600))
+        .map(drop)
+        .map_err(at(&p))
 }
 
 /// The runs under way: (agent, session, supervisor pid), sorted.
 pub fn running() -> Vec<(String, String, i32)> {
     let mut out = Vec::new();
-    let Ok(agents) = std::fs::read_dir(runtime::AGENT_RUNTIME) else { return out };
-    for a in agents.flatten() {
-        let Ok(sessions) = std::fs::read_dir(a.path()) else { continue };
-        for s in sessions.flatten() {
-            if let Some(pid) = supervisor(&s.path()) {
-                out.push((
-                    a.file_name().to_string_lossy().into_owned(),
-                    s.file_name().to_string_lossy().into_owned(),
-                    pid,
-                ));
+    let Ok(root) = Tree::open(Path::new(runtime::AGENT_RUNTIME)) else { return out };
+    for a in root.names(usize::MAX).unwrap_or_default() {
+        let Ok(agent) = root.sub(&a) else { continue };
+        for s in agent.names(usize::MAX).unwrap_or_default() {
+            if let Some(pid) = supervisor(&Path::new(runtime::AGENT_RUNTIME).join(&a).join(&s)) {
+                out.push((a.to_string_lossy().into_owned(), s.to_string_lossy().into_owned(), pid));
             }
         }
     }
@@ -197,5 +199,5 @@ pub fn stop(agent: &str, session: &str) -> Result<String> {
             }
         }
     }
-    Ok(std::fs::read_to_string(run.join("exit")).unwrap_or_default().trim().to_owned())
+    Ok(Tree::open(&run).and_then(|t| t.read_string("exit", 64)).unwrap_or_default().trim().to_owned())
 }

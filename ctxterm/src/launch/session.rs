@@ -27,19 +27,15 @@ fn at(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
 /// owned by the agent; returns its path there. The home is the agent's to change: it is
 /// opened without following a symlink anywhere on its path before it is changed.
 pub fn prepare_home(ctx: &Path, uid: u32, gid: u32, agent: &str) -> Result<std::path::PathBuf> {
-    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    use rustix::fs::{Mode, OFlags};
     let h = runtime::agent_home(ctx, uid, agent);
-    if let Some(parent) = h.parent() {
-        std::fs::create_dir_all(parent).map_err(at(parent))?;
-    }
-    match std::fs::create_dir(&h) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(at(&h)(e)),
-    }
+    // Made level by level beneath /ctx/home (a mount of its own on the host: the data
+    // connection): the levels below `home/<uid>` are the agent's.
+    let homes = ctx.join("home");
+    let rel = h.strip_prefix(&homes).map_err(|_| at(&h)(std::io::ErrorKind::InvalidInput.into()))?;
+    crate::beneath::Tree::open(&homes).and_then(|t| t.make_dirs(rel, 0o755)).map_err(at(&h))?;
     let flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC;
-    let fd = rustix::fs::openat2(rustix::fs::CWD, &h, flags, Mode::empty(), ResolveFlags::NO_SYMLINKS)
-        .map_err(|e| at(&h)(e.into()))?;
+    let fd = crate::beneath::open_dir(&h, flags).map_err(|e| at(&h)(e.into()))?;
     rustix::fs::fchown(&fd, Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(gid)))
         .map_err(|e| at(&h)(e.into()))?;
     rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o700)).map_err(|e| at(&h)(e.into()))?;
@@ -50,8 +46,7 @@ pub fn prepare_home(ctx: &Path, uid: u32, gid: u32, agent: &str) -> Result<std::
 /// directories are the agents' to change, and root never follows what an agent planted.
 pub fn open_dir(d: &Path) -> std::io::Result<OwnedFd> {
     let flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC;
-    rustix::fs::openat2(rustix::fs::CWD, d, flags, Mode::empty(), ResolveFlags::NO_SYMLINKS)
-        .map_err(Into::into)
+    crate::beneath::open_dir(d, flags).map_err(Into::into)
 }
 
 /// Opens (or makes) the directory `name` in `dir`, not following a symlink.

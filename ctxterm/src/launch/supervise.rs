@@ -27,6 +27,7 @@ use crate::beneath::Tree;
 fn supervisor_program() -> Result<std::path::PathBuf> {
     let me = std::env::current_exe()?;
     let p = me.with_file_name("ctxterm");
+    // root's: beside this program
     if !p.is_file() {
         return Err(Error::Unavailable(format!(
             "{} is missing: the supervisor of a run is ctxterm, installed beside {}",
@@ -130,12 +131,12 @@ fn spawn(s: &Start) -> Result<(Contract, std::process::Child)> {
 /// without following any, each directory below it by name without following it), files are
 /// made new and renamed over whatever is at their name, and everything is the agent's.
 fn prepare_profile(h: &Path, c: &Contract) -> std::io::Result<()> {
-    use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
+    use rustix::fs::{AtFlags, Mode, OFlags};
     let own = |fd: &std::os::fd::OwnedFd| {
         rustix::fs::fchown(fd, Some(rustix::fs::Uid::from_raw(c.uid)), Some(rustix::fs::Gid::from_raw(c.gid)))
     };
     let dir_flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC;
-    let home = rustix::fs::openat2(rustix::fs::CWD, h, dir_flags, Mode::empty(), ResolveFlags::NO_SYMLINKS)?;
+    let home = std::os::fd::OwnedFd::from(Tree::open(h)?);
     let dir_of = |rel: &str| -> std::io::Result<std::os::fd::OwnedFd> {
         let mut fd = rustix::fs::openat(&home, ".", dir_flags, Mode::empty())?;
         for part in rel.split('/').filter(|p| !p.is_empty()) {
@@ -229,7 +230,7 @@ fn key_pipe(key: &[u8]) -> Result<std::os::fd::OwnedFd> {
 /// into it once, when the sandbox opens it; the FIFO goes once read.
 fn serve_key(c: &Contract, key: Vec<u8>) -> Result<()> {
     let fifo = sandbox::key_fifo(c);
-    let _ = std::fs::remove_file(&fifo);
+    let _ = std::fs::remove_file(&fifo); // root's: the run directory
     let shown = fifo.display().to_string();
     let fail = |e: std::io::Error| Error::Supervise(format!("{shown}: {e}"));
     rustix::fs::mknodat(
@@ -310,7 +311,7 @@ fn ready(c: &Contract, child: &mut std::process::Child, wait: bool) -> Result<Re
 }
 
 fn ended_at_once(c: &Contract) -> Error {
-    Error::EndedAtOnce(std::fs::read_to_string(c.runtime.join("log")).unwrap_or_default())
+    Error::EndedAtOnce(std::fs::read_to_string(c.runtime.join("log")).unwrap_or_default()) // root's: the run directory
 }
 
 /// Starts the run of `s` for the receipt server (`agent.start`): returns its supervisor, a
@@ -388,11 +389,12 @@ pub fn supervise(contract_file: &Path, key_fd: Option<i32>) -> Result<()> {
         };
         let kept =
             (keep(rustix::stdio::stdin())?, keep(rustix::stdio::stdout())?, keep(rustix::stdio::stderr())?);
+        // root's: the run directory
         let log = std::fs::OpenOptions::new()
             .append(true)
             .open(c.runtime.join("log"))
             .map_err(|e| fail("log", e))?;
-        let null = std::fs::File::open("/dev/null").map_err(|e| fail("/dev/null", e))?;
+        let null = std::fs::File::open("/dev/null").map_err(|e| fail("/dev/null", e))?; // root's: /dev
         rustix::stdio::dup2_stdin(&null).map_err(|e| fail("dup2", e.into()))?;
         rustix::stdio::dup2_stdout(&log).map_err(|e| fail("dup2", e.into()))?;
         rustix::stdio::dup2_stderr(&log).map_err(|e| fail("dup2", e.into()))?;
@@ -522,7 +524,7 @@ pub fn supervise(contract_file: &Path, key_fd: Option<i32>) -> Result<()> {
     } else {
         session::finish(&c.session_dir(&c.ctx), code);
     }
-    let _ = std::fs::write(c.runtime.join("exit"), format!("{code}\n"));
+    let _ = std::fs::write(c.runtime.join("exit"), format!("{code}\n")); // root's: the run directory
     view::remove(&c.control, &c.view);
     sandbox::release(&c);
     // What stays of a run is its status (`exit`) and the supervisor's own log (0600).
@@ -535,8 +537,9 @@ pub fn supervise(contract_file: &Path, key_fd: Option<i32>) -> Result<()> {
             }
         }
     }
+    // root's: the run directory
     let _ = std::fs::remove_file(contract_file);
-    let _ = std::fs::remove_file(c.runtime.join("pid"));
+    let _ = std::fs::remove_file(c.runtime.join("pid")); // root's: the run directory
     groups.remove();
     eprintln!("agent {} session {}: terminal ended with status {code}", c.agent, c.session);
     Ok(())
