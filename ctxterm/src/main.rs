@@ -75,6 +75,14 @@ fn parse_size(s: &str) -> Result<(u16, u16), String> {
 }
 
 fn main() -> ExitCode {
+    // Before anything else (a key it reads, the caller's streams, the PTY's master, the terminal
+    // socket), in every mode, headless too: processes of the same uid (the agent's) may neither
+    // trace this one, read or write its memory through /proc, nor take its descriptors with
+    // pidfd_getfd. The child, once it execs, is dumpable again.
+    if let Err(e) = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable) {
+        eprintln!("ctxterm: cannot make itself undumpable: {e}");
+        return ExitCode::from(70);
+    }
     // Usage errors say who is speaking, like every other error, and exit 2.
     let cli = Cli::try_parse().unwrap_or_else(|e| {
         if !e.use_stderr() {
@@ -124,13 +132,6 @@ fn main() -> ExitCode {
         eprintln!("ctxterm: --socket is required");
         return ExitCode::from(2);
     };
-    // The PTY's master and the terminal socket are here: processes of the same uid (the agent's)
-    // may neither trace this one nor read its memory through /proc. The child, once it execs,
-    // is dumpable again.
-    if let Err(e) = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable) {
-        eprintln!("ctxterm: cannot make itself undumpable: {e}");
-        return ExitCode::from(70);
-    }
     let command = if cli.command.is_empty() { vec!["tsh".to_owned()] } else { cli.command };
     let opts = Options {
         socket,

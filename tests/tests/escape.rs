@@ -179,7 +179,8 @@ fn the_doctors_cleanup_never_deletes_through_a_mount_left_in_a_run() {
     fs::write(run.join("pid"), pid.to_string()).unwrap();
     let work = tempfile::tempdir().unwrap();
     fs::write(work.path().join("precious"), "the operator's\n").unwrap();
-    let bound = Command::new("mount").arg("--bind").arg(work.path()).arg(run.join("workspace")).status().unwrap();
+    let bound =
+        Command::new("mount").arg("--bind").arg(work.path()).arg(run.join("workspace")).status().unwrap();
     assert!(bound.success());
     let out = ctx(&["doctor", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -194,4 +195,105 @@ fn the_doctors_cleanup_never_deletes_through_a_mount_left_in_a_run() {
     assert_eq!(fs::read_to_string(work.path().join("precious")).unwrap(), "the operator's\n");
     assert!(!run.exists(), "the stale run's state is gone");
     let _ = fs::remove_dir(run.parent().unwrap());
+}
+
+#[test]
+fn a_root_owned_workspace_lends_no_ownership_and_keeps_no_setuid_file() {
+    let s = Served::start();
+    let st = s.storage.to_str().unwrap().to_owned();
+    assert!(ctx(&["bootstrap", &st]).status.success());
+    agent(&s, "suider", 1331, &[], "");
+    // The workspace as `ctx agent start` from a root shell gives it: root's, with one
+    // directory anyone may write.
+    let work = s.dir.path().join("rootwork");
+    fs::create_dir_all(work.join("open")).unwrap();
+    fs::set_permissions(&work, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(work.join("open"), fs::Permissions::from_mode(0o777)).unwrap();
+    fs::write(work.join("op.sh"), "echo operator\n").unwrap();
+    fs::set_permissions(work.join("op.sh"), fs::Permissions::from_mode(0o644)).unwrap();
+    let script = r#"cd /workspace/open
+cp /usr/bin/id x; chmod 6755 x; echo "chmod $?" >> codes
+chmod 4755 x; echo "chmod-suid $?" >> codes
+chmod 777 /workspace/op.sh; echo "chmod-op $?" >> codes
+python3 -c 'import os; os.close(os.open("y", os.O_CREAT|os.O_WRONLY, 0o4755))'; echo "create $?" >> codes
+python3 -c 'import os; os.mkdir("d", 0o2775)'; echo "mkdir $?" >> codes
+touch /workspace/mine; echo "touch-root-dir $?" >> codes
+"#;
+    let session = tests::unique("su");
+    let out = run_in(&s, "suider", &session, &work, script);
+    assert!(out.status.success(), "{}", tests::shown(&out));
+    let codes = fs::read_to_string(work.join("open/codes")).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let walk = |p: &Path| -> Vec<(PathBuf, u32, u32)> {
+        let mut out = Vec::new();
+        let mut stack = vec![p.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in fs::read_dir(&d).unwrap().flatten() {
+                let m = fs::symlink_metadata(e.path()).unwrap();
+                if m.is_dir() {
+                    stack.push(e.path());
+                }
+                out.push((e.path(), m.mode(), m.uid()));
+            }
+        }
+        out
+    };
+    for (p, mode, uid) in walk(&work) {
+        assert_eq!(
+            mode & 0o6000,
+            0,
+            "{} is setuid or setgid on the host ({mode:o}); codes:\n{codes}",
+            p.display()
+        );
+        if p.starts_with(work.join("open")) && p != work.join("open") {
+            assert_eq!(uid, 1331, "{} is the agent's, not root's", p.display());
+        }
+    }
+    let op = fs::metadata(work.join("op.sh")).unwrap();
+    assert_eq!((op.mode() & 0o7777, op.uid()), (0o644, 0), "the operator's file keeps its mode: {codes}");
+    assert!(!work.join("mine").exists(), "root's directory is not the agent's to write: {codes}");
+}
+
+#[test]
+fn a_headless_runs_terminal_owner_cannot_be_read_robbed_or_bypassed() {
+    let s = Served::start();
+    let st = s.storage.to_str().unwrap().to_owned();
+    assert!(ctx(&["bootstrap", &st]).status.success());
+    agent(&s, "prober", 1332, &[], "");
+    let work = workspace(&s, "probe", 1332);
+    // As seen: in a --wait run, /proc/2/mem (ctxterm) opened read-write, its descriptors taken
+    // with pidfd_getfd, and io_uring_setup returning a ring.
+    let probe = r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+def call(*a):
+    r = libc.syscall(*a)
+    return "ok" if r >= 0 else os.strerror(ctypes.get_errno())
+out = []
+try:
+    open("/proc/2/mem", "r+b"); out.append("mem ok")
+except OSError as e:
+    out.append("mem " + e.strerror)
+try:
+    fd = os.pidfd_open(2); out.append("getfd " + call(438, fd, 0, 0))
+except OSError as e:
+    out.append("getfd " + e.strerror)
+params = ctypes.create_string_buffer(120)
+out.append("uring " + call(425, 8, params))
+out.append("enter " + call(426, 0, 0, 0, 0, 0, 0))
+open("/workspace/probe.out", "w").write("\n".join(out) + "\n")
+"#;
+    fs::write(work.join("probe.py"), probe).unwrap();
+    chown(&work.join("probe.py"), 1332);
+    let out = run_in(&s, "prober", &tests::unique("pr"), &work, "python3 /workspace/probe.py");
+    assert!(out.status.success(), "{}", tests::shown(&out));
+    let got = fs::read_to_string(work.join("probe.out")).unwrap();
+    for l in got.lines() {
+        assert!(!l.ends_with(" ok"), "{got}");
+    }
+    assert!(got.contains("uring Operation not permitted"), "{got}");
+    assert!(
+        got.contains("getfd Operation not permitted") || got.contains("getfd Permission denied"),
+        "{got}"
+    );
 }

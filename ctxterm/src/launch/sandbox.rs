@@ -4,11 +4,10 @@
 //! environment of the contract, running `ctxterm` on the terminal socket.
 //!
 //! Binds bwrap cannot flag are prepared first in the run directory ([`binds`]):
-//! the operator's workspace through an idmapped mount when the agent has an identity of its
+//! the operator's workspace as it is (never idmapped: ownership is never lent) when the agent has an identity of its
 //! own, and each bind of the mount table with its `nosuid`, `nodev`, `noexec` and read-only
 //! flags. [`release`] undoes them.
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -35,31 +34,13 @@ fn run_io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
     move |source| Error::RunDir { path: path.to_path_buf(), source }
 }
 
-/// The workspace as the sandbox binds it: as it is when the agent owns it, else an idmapped
-/// bind that shows its owner's ids as the agent's (the agent then edits the operator's files
-/// and what it writes stays the operator's). A kernel that cannot idmap it gets it as it is,
-/// with a warning.
+/// The workspace as the sandbox binds it.
 fn workspace(c: &Contract) -> Result<Option<PathBuf>> {
-    let Some(w) = &c.workspace else { return Ok(None) };
-    let m = std::fs::metadata(w).map_err(|source| Error::Control { path: w.clone(), source })?;
-    if (m.uid(), m.gid()) == (c.uid, c.gid) {
-        return Ok(Some(w.clone()));
-    }
-    let at = idmapped(c);
-    std::fs::create_dir_all(&at).map_err(run_io(&at))?;
-    let attrs = Attrs {
-        idmap: Some(((m.uid(), m.gid()), (c.uid, c.gid))),
-        nosuid: true,
-        nodev: true,
-        ..Attrs::default()
-    };
-    match binds::bind(w, &at, &attrs) {
-        Ok(()) => Ok(Some(at)),
-        Err(e) => {
-            eprintln!("ctx: {e}; binding it as it is (the agent has what mode bits give it)");
-            Ok(Some(w.clone()))
-        }
-    }
+    // Bound as it is, always: ownership is never lent. The agent has what its uid, its groups
+    // and the mode bits give it; what it makes there is its own (bwrap binds nosuid, and the
+    // seccomp filter refuses setuid and setgid modes). A workspace of root's or of another
+    // account is read (or written) only as its modes let others.
+    Ok(c.workspace.clone())
 }
 
 /// The mount table's binds, prepared with their flags: (prepared path, target, rw).
