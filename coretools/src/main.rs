@@ -1,5 +1,10 @@
-//! `cortexfs-core`: the core tools as one multi-call binary. The tool is named by the basename of
-//! `argv[0]`, else by `CTX_AUTHORIZED_OBJECT=tool/<name>`, else by the first argument.
+//! `cortexfs-core`: the core tools as one multi-call binary. A tool is the object it was
+//! executed as: the basename of the file the kernel executed (`/proc/self/exe`, as
+//! `/ctx/tool/fs.read`), else of the path given to `execve` (`AT_EXECFN`). Neither `argv[0]`
+//! nor the environment can make one object run another's code (`exec -a /ctx/tool/shell.exec
+//! /ctx/tool/fs.read` runs `fs.read`). Only the binary executed under its own name
+//! (`cortexfs-core`) is named by `argv[0]`, else by `CTX_AUTHORIZED_OBJECT=tool/<name>`, else
+//! by the first argument.
 
 use std::env;
 use std::ffi::OsString;
@@ -15,8 +20,16 @@ fn main() -> ExitCode {
     let mut args = env::args_os();
     let argv0 = args.next().unwrap_or_default();
     let mut args: Vec<OsString> = args.collect();
-    let by_argv0 =
-        Path::new(&argv0).file_name().and_then(|n| n.to_str()).filter(|n| known(n)).map(str::to_owned);
+    let base = |p: &Path| p.file_name().and_then(|n| n.to_str()).filter(|n| known(n)).map(str::to_owned);
+    // The object executed, as the kernel has it: this names the tool whatever argv[0] says.
+    let executed = std::fs::read_link("/proc/self/exe").ok().and_then(|p| base(&p)).or_else(|| {
+        let execfn = rustix::param::linux_execfn().to_str().ok()?;
+        base(Path::new(execfn))
+    });
+    if let Some(name) = executed {
+        return ExitCode::from(u8::try_from(coretools::run(&name, args)).unwrap_or(70));
+    }
+    let by_argv0 = base(Path::new(&argv0));
     let by_env = || {
         env::var("CTX_AUTHORIZED_OBJECT")
             .ok()

@@ -257,7 +257,11 @@ fn context_packs_are_checked_and_latest_is_rebuilt_from_messages() {
     use sha2::Digest;
     let s = Served::start();
     let st = s.storage.to_str().unwrap().to_owned();
-    assert!(ctx(&["agent", "new", "packer", "--uid", "0", "--gid", "0", "--source", &st]).status.success());
+    assert!(
+        ctx(&["agent", "new", "packer", "--uid", "0", "--gid", "0", "--allow-root", "--source", &st])
+            .status
+            .success()
+    );
     let d = s.p("home/0/agent/packer/session/p1");
     fs::create_dir_all(d.join("context/child/w.s2")).unwrap();
     let answer = r#"{"role":"assistant","content":"the answer"}"#;

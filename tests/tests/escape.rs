@@ -297,3 +297,79 @@ open("/workspace/probe.out", "w").write("\n".join(out) + "\n")
         "{got}"
     );
 }
+
+/// A package directory whose one agent ships the given controls (name -> contents).
+fn evil_package(dir: &Path, name: &str, controls: &[(&str, &str)]) {
+    fs::create_dir_all(dir.join("bin")).unwrap();
+    fs::write(dir.join("bin/agent"), "#!/bin/sh\nexec tsh\n").unwrap();
+    fs::set_permissions(dir.join("bin/agent"), fs::Permissions::from_mode(0o755)).unwrap();
+    let mut toml = format!(
+        "[package]\nname = \"{name}\"\nversion = \"1.0.0\"\n\n[[agent]]\nname = \"{name}\"\nexecutable = \"bin/agent\"\n[agent.controls]\n"
+    );
+    for (c, text) in controls {
+        fs::write(dir.join(c), text).unwrap();
+        toml.push_str(&format!("{c} = \"{c}\"\n"));
+    }
+    fs::write(dir.join("cortexfs.toml"), toml).unwrap();
+}
+
+#[test]
+fn no_way_of_making_an_agent_takes_another_agents_identity_or_root() {
+    let s = Served::start();
+    let st = s.storage.to_str().unwrap().to_owned();
+    assert!(ctx(&["bootstrap", &st]).status.success());
+    agent(&s, "idaa", 1341, &["fs.read"], "");
+    // As seen: a package's agent wearing aa's label and uid (or uid 0).
+    for (i, controls) in [
+        vec![("label", "idaa_t\n"), ("uid", "1341\n"), ("gid", "1341\n")],
+        vec![("label", "idaa_t\n")],
+        vec![("uid", "0\n"), ("gid", "0\n")],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let dir = s.dir.path().join(format!("pkg{i}"));
+        let name = format!("idevil{i}");
+        evil_package(&dir, &name, &controls);
+        let out = ctx(&["install", dir.to_str().unwrap(), "--source", &st]);
+        assert_eq!(out.status.code(), Some(2), "{controls:?}: {}", tests::shown(&out));
+        assert!(!s.storage.join(format!("agent/{name}")).exists(), "{controls:?}");
+    }
+    // `agent new`: root only when meant; a uid another agent holds is said aloud.
+    let out = ctx(&["agent", "new", "idroot", "--uid", "0", "--gid", "0", "--source", &st]);
+    assert_eq!(out.status.code(), Some(2), "{}", tests::shown(&out));
+    let out = ctx(&["agent", "new", "idroot", "--uid", "0", "--gid", "0", "--allow-root", "--source", &st]);
+    assert!(out.status.success(), "{}", tests::shown(&out));
+    let out = ctx(&["agent", "new", "idtwin", "--uid", "1341", "--gid", "1341", "--source", &st]);
+    assert!(out.status.success(), "{}", tests::shown(&out));
+    assert!(
+        tests::shown(&out).contains("agent/idaa"),
+        "a shared uid is warned about: {}",
+        tests::shown(&out)
+    );
+    // Two storages on one host never give the same uid.
+    let other = Served::start();
+    let ost = other.storage.to_str().unwrap().to_owned();
+    let first = ctx(&["agent", "new", "fresh1", "--source", &st]);
+    let second = ctx(&["agent", "new", "fresh2", "--source", &ost]);
+    assert!(first.status.success() && second.status.success());
+    let uid = |s: &Served, n: &str| fs::read_to_string(s.storage.join(format!("agent/{n}.d/uid"))).unwrap();
+    assert_ne!(uid(&s, "fresh1"), uid(&other, "fresh2"));
+}
+
+#[test]
+fn a_tool_runs_as_the_object_executed_whatever_its_argv0() {
+    let s = Served::start();
+    let st = s.storage.to_str().unwrap().to_owned();
+    assert!(ctx(&["bootstrap", &st]).status.success());
+    agent(&s, "argv0", 1351, &["fs.read"], "");
+    let work = workspace(&s, "a0", 1351);
+    fs::write(work.join("note"), "hi\n").unwrap();
+    chown(&work.join("note"), 1351);
+    // As seen: exec -a names shell.exec while the kernel executes fs.read.
+    let script = r#"cd /workspace; bash -c 'exec -a /ctx/tool/shell.exec /ctx/tool/fs.read id' > out 2>&1; echo $? > code"#;
+    let out = run_in(&s, "argv0", &tests::unique("a0"), &work, script);
+    assert!(out.status.success(), "{}", tests::shown(&out));
+    let got = fs::read_to_string(work.join("out")).unwrap_or_default();
+    assert!(!got.contains("uid="), "shell.exec's code ran from the fs.read object: {got}");
+}

@@ -734,7 +734,7 @@ fn a_daemon_killed_under_eight_agents_loses_no_record_and_leaves_no_dead_view() 
 }
 
 #[test]
-fn an_agent_with_its_own_uid_edits_the_operators_workspace_and_the_files_stay_the_operators() {
+fn an_agent_with_its_own_uid_works_in_the_operators_workspace_only_as_its_modes_allow() {
     use std::os::unix::fs::MetadataExt;
     let h = Host::new();
     // Created without --uid: an identity of its own from the agents' range.
@@ -742,17 +742,19 @@ fn an_agent_with_its_own_uid_edits_the_operators_workspace_and_the_files_stay_th
     let uid: u32 =
         fs::read_to_string(h.s.storage.join("agent/editor.d/uid")).unwrap().trim().parse().unwrap();
     assert!(policy::ids::AGENT_IDS.contains(&uid), "{uid}");
-    // The operator's workspace: 1234:1234, not writable by others.
+    // The operator's workspace: 1234:1234, not writable by others, with one directory that is.
     let ws = h.s.dir.path().join("operator");
-    fs::create_dir(&ws).unwrap();
+    fs::create_dir_all(ws.join("out")).unwrap();
     fs::write(ws.join("notes.txt"), "mine\n").unwrap();
-    for p in [&ws, &ws.join("notes.txt")] {
+    for p in [&ws, &ws.join("notes.txt"), &ws.join("out")] {
         rustix::fs::chown(p, Some(rustix::fs::Uid::from_raw(1234)), Some(rustix::fs::Gid::from_raw(1234)))
             .unwrap();
     }
     fs::set_permissions(&ws, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let script = "id -u > /tmp/me; echo edited >> notes.txt && printf 'draft\\n' > .save.tmp && mv .save.tmp saved.txt \
-                  && stat -c %u notes.txt > owner.seen && cat /tmp/me > agent.uid";
+    fs::set_permissions(ws.join("out"), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let script = "id -u > out/me; cat notes.txt > out/read; echo edited >> notes.txt; echo \"append $?\" > out/codes; \
+                  chmod 666 notes.txt; echo \"chmod $?\" >> out/codes; printf 'draft\\n' > out/saved.txt; \
+                  stat -c %u notes.txt > out/owner.seen";
     let o = Command::new(tests::bin("ctx"))
         .args(["agent", "start", "editor", "--session", &session("e"), "--wait", "--ctx"])
         .arg(&h.s.mnt)
@@ -765,20 +767,19 @@ fn an_agent_with_its_own_uid_edits_the_operators_workspace_and_the_files_stay_th
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let read = |f: &str| fs::read_to_string(ws.join(f)).unwrap();
-    assert_eq!(read("agent.uid").trim(), uid.to_string(), "the agent ran as itself");
-    assert_eq!(
-        read("owner.seen").trim(),
+    assert_eq!(read("out/me").trim(), uid.to_string(), "the agent ran as itself");
+    assert_eq!(read("out/read"), "mine\n", "it reads what others may read");
+    assert_ne!(
+        read("out/owner.seen").trim(),
         uid.to_string(),
-        "inside, the operator's files show as the agent's"
+        "inside, the operator's files are not the agent's"
     );
-    assert_eq!(read("notes.txt"), "mine\nedited\n");
-    assert_eq!(read("saved.txt"), "draft\n");
-    for f in ["notes.txt", "saved.txt", "owner.seen", "agent.uid"] {
-        let m = fs::metadata(ws.join(f)).unwrap();
-        assert_eq!((m.uid(), m.gid()), (1234, 1234), "{f} is the operator's");
-    }
-    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(!mounts.contains("/run/cortexfs/agent/editor/"), "the idmapped bind goes with the run");
+    assert_eq!(read("out/codes"), "append 2\nchmod 1\n", "neither written nor changed");
+    assert_eq!(read("notes.txt"), "mine\n");
+    let m = fs::metadata(ws.join("notes.txt")).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o7777), (1234, 0o644), "the operator's file keeps its owner and mode");
+    let m = fs::metadata(ws.join("out/saved.txt")).unwrap();
+    assert_eq!(m.uid(), uid, "what the agent makes is its own, never the operator's");
 }
 
 #[test]

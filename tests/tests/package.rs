@@ -59,8 +59,12 @@ fn a_package_installs_runs_through_tsh_in_an_agent_view_and_uninstalls() {
     let work = s.dir.path().join("work");
     fs::create_dir_all(&work).unwrap();
     fs::write(work.join("notes.txt"), "one\nTODO: two\nthree\n").unwrap();
-    let id = Some(rustix::fs::Uid::from_raw(1100));
-    rustix::fs::chown(&work, id, Some(rustix::fs::Gid::from_raw(1100))).unwrap();
+    // A package never names its agent's identity: the host gave it one of its own.
+    let uid: u32 =
+        fs::read_to_string(s.storage.join("agent/reviewer.d/uid")).unwrap().trim().parse().unwrap();
+    assert!(policy::ids::AGENT_IDS.contains(&uid), "{uid}");
+    let id = Some(rustix::fs::Uid::from_raw(uid));
+    rustix::fs::chown(&work, id, Some(rustix::fs::Gid::from_raw(uid))).unwrap();
     let session = format!("pk{}", std::process::id());
     let out = Command::new(tests::bin("ctx"))
         .args(["agent", "start", "reviewer", "--session", &session, "--wait", "--ctx"])
@@ -90,7 +94,7 @@ fn a_package_installs_runs_through_tsh_in_an_agent_view_and_uninstalls() {
         "the view shows granted tools only: {tools}"
     );
     let events = fs::read_to_string(
-        s.storage.join(format!("home/1100/agent/reviewer/session/{session}/events.jsonl")),
+        s.storage.join(format!("home/{uid}/agent/reviewer/session/{session}/events.jsonl")),
     )
     .unwrap();
     for t in ["tool/kit.count", "tool/kit.todo"] {

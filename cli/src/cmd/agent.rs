@@ -297,9 +297,13 @@ pub struct NewArgs {
         action = clap::ArgAction::Append
     )]
     mounts: Vec<String>,
-    /// The agent's uid.
+    /// The agent's uid (default: one of its own). Another agent's, or a host account's, is
+    /// taken with a warning; 0 only with --allow-root.
     #[arg(long)]
     uid: Option<u32>,
+    /// Let --uid 0 make an agent that runs as root.
+    #[arg(long)]
+    allow_root: bool,
     /// The agent's primary gid.
     #[arg(long)]
     gid: Option<u32>,
@@ -355,7 +359,7 @@ fn new(a: NewArgs) -> anyhow::Result<()> {
         parent: a.parent,
         owner: 0,
     };
-    let done = agents::create(&a.at.source, new).map_err(exit::launch)?;
+    let done = agents::create_as(&a.at.source, new, a.allow_root).map_err(exit::launch)?;
     out::line(done)?;
     // The operator's own agent: each installed tool it is given agrees in its own policy too,
     // as `ctx agent grant` writes it. (A child's tools are its parent's to hold, not the

@@ -74,9 +74,40 @@ pub fn install(a: InstallArgs) -> anyhow::Result<()> {
         return Err(Exit::new(exit::INVALID, "no package directory given").into());
     };
     let pkg = package::check(dir).map_err(|p| problems(dir, &p, true))?;
+    // A label belongs to one agent, however the agent is made.
+    let held = ctxterm::launch::agents::installed(&a.source).map_err(exit::launch)?;
+    for o in pkg.objects.iter().filter(|o| o.manifest.class == policy::controls::ObjectClass::Agent) {
+        let Some(label) = o.controls.get("label").map(|b| String::from_utf8_lossy(b).trim().to_owned())
+        else {
+            continue;
+        };
+        if let Some(other) = held
+            .iter()
+            .find(|h| h.label.as_deref() == Some(label.as_str()) && h.name != o.manifest.name.to_string())
+        {
+            return Err(Exit::new(
+                exit::INVALID,
+                format!(
+                    "agent/{}: label {label} is agent/{}'s: a label belongs to one agent",
+                    o.manifest.name, other.name
+                ),
+            )
+            .into());
+        }
+    }
     let steps = package::install(&a.source, &pkg, tier, a.dry_run).map_err(fail)?;
     for s in &steps {
         out::line(format_args!("{}{s}", if a.dry_run { "would " } else { "" }))?;
+    }
+    if !a.dry_run {
+        for o in pkg.objects.iter().filter(|o| o.manifest.class == policy::controls::ObjectClass::Agent) {
+            let name = o.manifest.name.to_string();
+            if let Some(id) =
+                ctxterm::launch::agents::give_identity(&a.source, &name).map_err(exit::launch)?
+            {
+                out::line(format_args!("agent/{name}: uid and gid {id}, its own"))?;
+            }
+        }
     }
     if a.dry_run {
         out::line(format_args!("dry run: package {} {} checks out; nothing written", pkg.name, pkg.version))

@@ -49,11 +49,57 @@ fn ids_in(path: &str) -> Vec<u32> {
     text.lines().filter_map(|l| l.split(':').nth(2)?.parse().ok()).collect()
 }
 
-/// The lowest id of [`policy::ids::AGENT_IDS`] that no installed agent, host account or group
-/// uses.
+/// The host-wide record of the ids given to agents, by every storage on this host: one
+/// `<id> <storage> <agent>` line each, appended under a lock. Ids are allocated from it and
+/// from each storage's agents, so two storages' agents never get the same uid.
+pub const HOST_IDS: &str = "/var/lib/cortexfs/agent-ids";
+
+/// The ids [`HOST_IDS`] records.
+fn host_ids() -> Vec<u32> {
+    let mut text = String::new();
+    let _ = std::fs::File::open(HOST_IDS).and_then(|f| f.take(64 << 20).read_to_string(&mut text));
+    text.lines().filter_map(|l| l.split(' ').next()?.parse().ok()).collect()
+}
+
+/// Records that `storage`'s agent `name` holds `id`, host-wide.
+fn record_host_id(id: u32, storage: &Path, name: &str) -> Result<()> {
+    use std::io::Write;
+    let p = Path::new(HOST_IDS);
+    if let Some(d) = p.parent() {
+        std::fs::create_dir_all(d).map_err(|e| Error::Internal(format!("{}: {e}", d.display())))?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o644)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(p)
+        .map_err(|e| Error::Internal(format!("{HOST_IDS}: {e}")))?;
+    f.write_all(format!("{id} {} {name}\n", storage.display()).as_bytes())
+        .map_err(|e| Error::Internal(format!("{HOST_IDS}: {e}")))
+}
+
+/// Who already holds `uid`: another agent of this storage, or an agent of another storage on
+/// this host, or a host account.
+fn holder_of(storage: &Path, uid: u32) -> Result<Option<String>> {
+    if let Some(a) = installed(storage)?.into_iter().find(|a| a.uid == Some(uid)) {
+        return Ok(Some(format!("agent/{}", a.name)));
+    }
+    if host_ids().contains(&uid) {
+        return Ok(Some(format!("an agent of a storage on this host ({HOST_IDS})")));
+    }
+    if ids_in("/etc/passwd").contains(&uid) {
+        return Ok(Some("a host account (/etc/passwd)".to_owned()));
+    }
+    Ok(None)
+}
+
+/// The lowest id of [`policy::ids::AGENT_IDS`] that no installed agent, agent of another
+/// storage on this host, host account or group uses.
 fn free_id(storage: &Path) -> Result<u32> {
     let mut taken = ids_in("/etc/passwd");
     taken.extend(ids_in("/etc/group"));
+    taken.extend(host_ids());
     for a in installed(storage)? {
         taken.extend(a.uid);
         let gid: Option<u32> = read_control(&agent_dir(storage).join(format!("{}.d/gid", a.name)))
@@ -247,7 +293,15 @@ pub fn create_child(storage: &Path, parent: &str, c: &policy::receipt::Create) -
 
 /// Creates the agent `a` describes in `storage` (its `owner` is this process's uid); returns
 /// what was done, a line each.
-pub fn create(storage: &Path, mut a: Spec) -> Result<String> {
+pub fn create(storage: &Path, a: Spec) -> Result<String> {
+    create_as(storage, a, false)
+}
+
+/// [`create`], where `allow_root` lets an agent of its own take uid 0 (`ctx agent new --uid 0
+/// --allow-root`). Every way to create an agent comes here: a uid given explicitly that
+/// another agent (of any storage on this host) or a host account holds is warned about, uid 0
+/// is refused without `allow_root`, and an id given by the store is recorded host-wide.
+pub fn create_as(storage: &Path, mut a: Spec, allow_root: bool) -> Result<String> {
     let parent = match &a.parent {
         Some(p) => {
             let auth = authority_of(storage, p)?;
@@ -270,10 +324,24 @@ pub fn create(storage: &Path, mut a: Spec) -> Result<String> {
         return Err(Error::State(format!("agent/{name} already exists")));
     }
     // An agent of its own gets an identity of its own (a child shares its parent's).
+    let mut given = None;
     if a.uid.is_none() {
         let id = free_id(storage)?;
         a.uid = Some(id);
         a.gid = a.gid.or(Some(id));
+        given = Some(id);
+    } else if parent.is_none() {
+        let uid = a.uid.unwrap_or_default();
+        if uid == 0 && !allow_root {
+            return Err(invalid(
+                "uid 0 is root: an agent running as root owns the host's files; give --allow-root to mean it",
+            ));
+        }
+        if uid != 0
+            && let Some(holder) = holder_of(storage, uid)?
+        {
+            eprintln!("ctx: warning: uid {uid} is also {holder}'s: Linux will not tell them apart");
+        }
     }
     a.owner = rustix::process::getuid().as_raw();
     let spec = a;
@@ -328,8 +396,29 @@ pub fn create(storage: &Path, mut a: Spec) -> Result<String> {
     })?;
     let mut said: Vec<String> =
         done.cleared.iter().map(|p| format!("cleared residue {}", p.display())).collect();
+    if let Some(id) = given {
+        record_host_id(id, storage, &name)?;
+    }
     said.push(format!("created agent/{name} (label {label}, uid {uid})"));
     Ok(said.join("\n"))
+}
+
+/// Gives the installed agent `name` an identity of its own when it has none (a package's
+/// agent: a package never names one): a fresh id from the agents' range as its `uid` and `gid`
+/// controls, recorded host-wide. Returns the id given, or `None` when it had one.
+pub fn give_identity(storage: &Path, name: &str) -> Result<Option<u32>> {
+    let d = agent_dir(storage).join(format!("{name}.d"));
+    if read_control(&d.join("uid")).is_some() {
+        return Ok(None);
+    }
+    let id = free_id(storage)?;
+    for c in ["uid", "gid"] {
+        let f = d.join(c);
+        std::fs::write(&f, format!("{id}\n"))
+            .map_err(|e| Error::Internal(format!("{}: {e}", f.display())))?;
+    }
+    record_host_id(id, storage, name)?;
+    Ok(Some(id))
 }
 
 /// Removes agent `name` (with `yes`; else only says what it would do): its executable first,

@@ -101,6 +101,17 @@ pub fn check(dir: &Path) -> std::result::Result<CheckedPackage, Vec<Problem>> {
         let exe = read_file(dir, &mut out, format!("{at}.executable"), &o.executable, true);
         for (control, rel) in &o.controls {
             let field = format!("{at}.controls.{control}");
+            // An identity is the host's to give: a package naming one could take another
+            // agent's uid (or root's) and with it that agent's files and grants.
+            if o.class == ObjectClass::Agent && matches!(control.as_str(), "uid" | "gid" | "groups" | "owner")
+            {
+                out.push(problem(
+                    field,
+                    format!("a package never names an agent's {control}: the host gives it (ctx agent new)"),
+                ));
+                ok = false;
+                continue;
+            }
             let Some((r, bytes)) = read_file(dir, &mut out, field.clone(), rel, controls::is_hook(control))
             else {
                 ok = false;
