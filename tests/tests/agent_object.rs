@@ -166,14 +166,18 @@ fn new_writes_every_control_valid_and_grants_exactly_what_was_asked() {
 fn defaults_are_an_identity_of_its_own_and_deny_everything() {
     let d = tempfile::tempdir().unwrap();
     let s = d.path();
-    // The first agent gets the first id of the agents' range as uid and gid.
-    let first = *policy::ids::AGENT_IDS.start();
-    assert_eq!(
-        ok(&ctx(s, &["agent", "new", "my-bot.v2"])),
-        format!("created agent/my-bot.v2 (label my_bot_v2_t, uid {first})\n")
-    );
+    // The first agent gets the lowest id of the agents' range that no agent of any storage on
+    // this host was given (the host-wide record), as uid and gid.
+    let said = ok(&ctx(s, &["agent", "new", "my-bot.v2"]));
     let ctl = s.join("agent/my-bot.v2.d");
     let read = |c: &str| fs::read_to_string(ctl.join(c)).unwrap();
+    let first: u32 = read("uid").trim().parse().unwrap();
+    assert!(policy::ids::AGENT_IDS.contains(&first), "{first}");
+    assert_eq!(said, format!("created agent/my-bot.v2 (label my_bot_v2_t, uid {first})\n"));
+    let recorded = fs::read_to_string("/var/lib/cortexfs/agent-ids").unwrap();
+    let holders =
+        recorded.lines().filter(|l| l.split(' ').next() == Some(first.to_string().as_str())).count();
+    assert_eq!(holders, 1, "{first} was given once on this host");
     assert_eq!(read("uid"), format!("{first}\n"));
     assert_eq!(read("gid"), format!("{first}\n"));
     assert_eq!(read("groups"), "");
@@ -186,10 +190,13 @@ fn defaults_are_an_identity_of_its_own_and_deny_everything() {
             .unwrap_or_else(|e| panic!("{c}: {e}"));
     }
 
-    // The next one gets the next id; --uid still chooses one.
+    // The next one gets a later id (other storages on this host may take ids meanwhile);
+    // --uid still chooses one.
     let out = ctx(s, &["agent", "new", "labelled", "--label", "custom_t"]);
-    assert_eq!(ok(&out), format!("created agent/labelled (label custom_t, uid {})\n", first + 1));
-    assert_eq!(fs::read_to_string(s.join("agent/labelled.d/gid")).unwrap(), format!("{}\n", first + 1));
+    let next: u32 = fs::read_to_string(s.join("agent/labelled.d/uid")).unwrap().trim().parse().unwrap();
+    assert!(next > first && policy::ids::AGENT_IDS.contains(&next), "{next}");
+    assert_eq!(ok(&out), format!("created agent/labelled (label custom_t, uid {next})\n"));
+    assert_eq!(fs::read_to_string(s.join("agent/labelled.d/gid")).unwrap(), format!("{next}\n"));
     let out = ctx(s, &["agent", "new", "chosen", "--uid", "1234"]);
     assert_eq!(ok(&out), "created agent/chosen (label chosen_t, uid 1234)\n");
     assert_eq!(fs::read_to_string(s.join("agent/labelled.d/label")).unwrap(), "custom_t\n");

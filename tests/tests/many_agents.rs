@@ -313,7 +313,7 @@ fn a_full_disk_reaches_the_writer_as_enospc_and_appends_work_again() {
 #[test]
 fn an_agent_running_as_root_cannot_change_its_own_controls_through_its_view() {
     let h = Host::new();
-    h.agent("rootboss", 0, &["--tool", "fs.read"]);
+    h.agent("rootboss", 0, &["--allow-root", "--tool", "fs.read"]);
     let controls = h.s.storage.join("agent/rootboss.d");
     let before: Vec<(String, Vec<u8>)> = ["policy", "uid", "label", "mount", "system.md"]
         .iter()
