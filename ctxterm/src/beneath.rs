@@ -236,7 +236,7 @@ impl Tree {
         // NO_XDEV refuses a mount point (EXDEV), so nothing on another filesystem is listed.
         let sub = self.sub(name)?;
         if sub.stat("")?.st_dev != self.stat("")?.st_dev {
-            return Err(named(&self.shown(name), io::Error::from_raw_os_error(libc_exdev())));
+            return Err(named(&self.shown(name), err(rustix::io::Errno::XDEV)));
         }
         for n in sub.names(usize::MAX)? {
             sub.remove_all(&n)?;
@@ -317,10 +317,6 @@ impl AsFd for Tree {
 pub fn own(fd: impl AsFd, uid: u32, gid: u32) -> io::Result<()> {
     rustix::fs::fchown(fd, Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(gid)))
         .map_err(err)
-}
-
-const fn libc_exdev() -> i32 {
-    rustix::io::Errno::XDEV.raw_os_error()
 }
 
 #[cfg(test)]

@@ -46,10 +46,12 @@ fn workspace(s: &Served, name: &str, uid: u32) -> PathBuf {
     w
 }
 
-/// Runs `script` in a sandbox of `name` (session `session`), workspace `work`.
-fn run_in(s: &Served, name: &str, session: &str, work: &Path, script: &str) -> Output {
+/// `ctx agent start NAME --session SESSION [FLAGS] ... --cwd WORK -- /bin/sh -c SCRIPT`, run.
+fn start(s: &Served, name: &str, session: &str, flags: &[&str], work: &Path, script: &str) -> Output {
     Command::new(tests::bin("ctx"))
-        .args(["agent", "start", name, "--session", session, "--wait", "--ctx"])
+        .args(["agent", "start", name, "--session", session])
+        .args(flags)
+        .arg("--ctx")
         .arg(&s.mnt)
         .arg("--control")
         .arg(&s.control)
@@ -58,6 +60,11 @@ fn run_in(s: &Served, name: &str, session: &str, work: &Path, script: &str) -> O
         .args(["--", "/bin/sh", "-c", script])
         .output()
         .unwrap()
+}
+
+/// Runs `script` in a sandbox of `name` (session `session`), workspace `work`.
+fn run_in(s: &Served, name: &str, session: &str, work: &Path, script: &str) -> Output {
+    start(s, name, session, &["--wait"], work, script)
 }
 
 /// A root-only file of the host with `text` in it.
@@ -121,16 +128,7 @@ sleep 1; rm -f $D/status; ln -s {t} $D/status; sleep 1"#,
 /// Starts `name` (session `session`) with a terminal running `script`, and returns once it
 /// answers.
 fn start_live(s: &Served, name: &str, session: &str, work: &Path, script: &str) {
-    let out = Command::new(tests::bin("ctx"))
-        .args(["agent", "start", name, "--session", session, "--ctx"])
-        .arg(&s.mnt)
-        .arg("--control")
-        .arg(&s.control)
-        .arg("--cwd")
-        .arg(work)
-        .args(["--", "/bin/sh", "-c", script])
-        .output()
-        .unwrap();
+    let out = start(s, name, session, &[], work, script);
     assert!(out.status.success(), "{}", tests::shown(&out));
 }
 
