@@ -793,6 +793,68 @@ fn a_model_elsewhere_is_reached_through_the_runs_proxy_and_nothing_else_is() {
     drop(other);
 }
 
+/// The most threads any one process has named `egress-conn` (a run's proxy connections).
+fn most_proxy_threads() -> usize {
+    let mut most = 0;
+    for p in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(tasks) = fs::read_dir(p.path().join("task")) else { continue };
+        let n = tasks
+            .flatten()
+            .filter(|t| fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "egress-conn"))
+            .count();
+        most = most.max(n);
+    }
+    most
+}
+
+/// An agent that opens hundreds of connections to its run's proxy and sends nothing on them
+/// (as one did, holding 2,000 and 1,835 root threads) gets 64 (the proxy's
+/// `CONNS_MAX`) served at once: the next is answered 503, reported once as `net.refused`, and the
+/// supervisor's proxy threads stay bounded while they are held.
+#[test]
+fn an_agent_holding_many_proxy_connections_gets_a_bounded_share_of_root() {
+    let e = tests::elsewhere::Elsewhere::new();
+    let probe = "P=${HTTPS_PROXY##*:}; for i in $(seq 300); do exec {f}<>/dev/tcp/127.0.0.1/$P || break; done; \
+                 exec {g}<>/dev/tcp/127.0.0.1/$P; echo \"last-$(timeout 5 head -c 12 <&$g)\"; \
+                 touch /workspace/held; sleep 6; echo held-$i";
+    let ep = tests::model_endpoint::Endpoint::on(e.listen(), probe, "HELD");
+    let w = World::new();
+    let secrets =
+        with_model_at(&w, "openai-responses", &format!("http://{}:{}/v1", e.addr, ep.port), "sk-held");
+    let s = session("held");
+    let args = ["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "hold"];
+    let most = std::thread::scope(|sc| {
+        let watch = sc.spawn(|| {
+            let until = Instant::now() + Duration::from_secs(120);
+            while !w.work.join("held").exists() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            (0..20)
+                .map(|_| {
+                    std::thread::sleep(Duration::from_millis(100));
+                    most_proxy_threads()
+                })
+                .max()
+                .unwrap_or(0)
+        });
+        let out = run_cli(&w, &s, "codex", &secrets, &args);
+        assert!(out.status.success(), "{}", text(&out));
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(said.contains("HELD") && said.contains("held-300"), "all 300 opened: {}", text(&out));
+        assert!(said.contains("last-HTTP/1.1 503"), "past the limit, 503 at once: {said}");
+        watch.join().unwrap()
+    });
+    assert!(w.work.join("held").exists());
+    let max = 2 * 64 + 2;
+    assert!((1..=max).contains(&most), "{most} proxy threads while 300 connections were held (bound {max})");
+    let events =
+        fs::read_to_string(w.s.storage.join(format!("home/1000/agent/coder/session/{s}/events.jsonl")))
+            .unwrap();
+    let refused: Vec<&str> =
+        events.lines().filter(|l| l.contains("\"net.refused\"") && l.contains("open at once")).collect();
+    assert_eq!(refused.len(), 1, "one report for the burst: {events}");
+}
+
 /// The agent's instructions (`system.md`) reach the CLI of its next run: here the model, in
 /// the first run, has the agent rewrite them through `agent.update`; the second run's requests
 /// carry the new ones.

@@ -6,18 +6,46 @@
 //! pointing at it. It opens `CONNECT` tunnels to the model's `host:port` only, and forwards
 //! plain `http` requests (absolute-form) only to that `host:port` when the route is `http`.
 //! Anything else is answered `403` and reported (a `net.refused` event in the session).
-//! Requests are read up to [`HEAD_MAX`] bytes; the tunnel copies bytes both ways until either
-//! side closes.
+//!
+//! What the proxy spends on the agent's behalf is bounded ([`Limits`]): at most
+//! [`CONNS_MAX`] connections of a run are served at once (two threads each), a further one is
+//! answered `503` and closed (reported once per burst); a request head is read up to
+//! [`HEAD_MAX`] bytes within [`HEAD_TIME`]; a tunnel that carries nothing either way for
+//! [`IDLE_TIME`] is closed.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use policy::model::Url;
 
 /// The largest request head read.
 pub const HEAD_MAX: usize = 16 * 1024;
+/// The most connections of one run served at once.
+pub const CONNS_MAX: usize = 64;
+/// How long a request head may take to arrive.
+pub const HEAD_TIME: Duration = Duration::from_secs(10);
+/// How long a tunnel may carry nothing before it is closed.
+pub const IDLE_TIME: Duration = Duration::from_secs(300);
+
+/// The bounds of one proxy.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Connections served at once.
+    pub conns: usize,
+    /// Time for a request head.
+    pub head: Duration,
+    /// Idle time of a tunnel.
+    pub idle: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits { conns: CONNS_MAX, head: HEAD_TIME, idle: IDLE_TIME }
+    }
+}
 
 /// What the proxy lets through: the model's URL.
 #[derive(Clone, Debug)]
@@ -47,30 +75,51 @@ impl Allowed {
     }
 }
 
-/// Reads a request head (through the blank line) from `c`; `None` when it is too long or the
+/// Reads a request head (through the blank line) from `c` within `within`; returns it and
+/// whatever followed it in the same reads, or `None` when it is too long, too slow, or the
 /// connection ends first.
-fn head(c: &mut TcpStream) -> io::Result<Option<Vec<u8>>> {
+fn head(c: &mut TcpStream, within: Duration) -> io::Result<Option<(Vec<u8>, Vec<u8>)>> {
+    let until = Instant::now() + within;
     let mut h = Vec::new();
-    let mut b = [0u8; 1];
-    while !h.ends_with(b"\r\n\r\n") {
-        if h.len() >= HEAD_MAX || c.read(&mut b)? == 0 {
+    let mut b = [0u8; 4096];
+    loop {
+        if let Some(end) = h.windows(4).position(|w| w == b"\r\n\r\n") {
+            let rest = h.split_off(end + 4);
+            return Ok(Some((h, rest)));
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        if h.len() >= HEAD_MAX || left.is_zero() {
             return Ok(None);
         }
-        h.push(b[0]);
+        c.set_read_timeout(Some(left))?;
+        match c.read(&mut b) {
+            Ok(0) => return Ok(None),
+            Ok(n) => h.extend_from_slice(&b[..n]),
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                return Ok(None);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
-    Ok(Some(h))
 }
 
-/// Copies bytes both ways between `a` and `b` until either side ends.
-fn splice(a: TcpStream, b: TcpStream) -> io::Result<()> {
+/// Copies bytes both ways between `a` and `b` until either side ends or neither carries
+/// anything for `idle`.
+fn splice(a: TcpStream, b: TcpStream, idle: Duration) -> io::Result<()> {
+    for s in [&a, &b] {
+        s.set_read_timeout(Some(idle))?;
+    }
     let (mut a2, mut b2) = (a.try_clone()?, b.try_clone()?);
-    let t = std::thread::spawn(move || {
+    let t = std::thread::Builder::new().name("egress-conn".into()).spawn(move || {
         let _ = io::copy(&mut a2, &mut b2);
-        let _ = b2.shutdown(Shutdown::Write);
-    });
+        let _ = b2.shutdown(Shutdown::Both);
+        let _ = a2.shutdown(Shutdown::Both);
+    })?;
     let (mut a, mut b) = (a, b);
     let _ = io::copy(&mut b, &mut a);
-    let _ = a.shutdown(Shutdown::Write);
+    let _ = a.shutdown(Shutdown::Both);
+    let _ = b.shutdown(Shutdown::Both);
     let _ = t.join();
     Ok(())
 }
@@ -87,8 +136,13 @@ fn upstream(url: &Url) -> io::Result<TcpStream> {
     Err(last)
 }
 
-fn serve_one(mut c: TcpStream, allowed: &Allowed, refused: &(dyn Fn(&str) + Send + Sync)) -> io::Result<()> {
-    let Some(h) = head(&mut c)? else { return Ok(()) };
+fn serve_one(
+    mut c: TcpStream,
+    allowed: &Allowed,
+    limits: Limits,
+    refused: &(dyn Fn(&str) + Send + Sync),
+) -> io::Result<()> {
+    let Some((h, rest)) = head(&mut c, limits.head)? else { return Ok(()) };
     let line = String::from_utf8_lossy(h.split(|b| *b == b'\r').next().unwrap_or_default()).into_owned();
     let mut words = line.split_ascii_whitespace();
     let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
@@ -101,9 +155,10 @@ fn serve_one(mut c: TcpStream, allowed: &Allowed, refused: &(dyn Fn(&str) + Send
             return deny(&mut c, target);
         }
         match upstream(&allowed.url) {
-            Ok(up) => {
+            Ok(mut up) => {
                 c.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")?;
-                splice(c, up)
+                up.write_all(&rest)?;
+                splice(c, up, limits.idle)
             }
             Err(_) => {
                 c.write_all(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
@@ -113,7 +168,8 @@ fn serve_one(mut c: TcpStream, allowed: &Allowed, refused: &(dyn Fn(&str) + Send
         match upstream(&allowed.url) {
             Ok(mut up) => {
                 up.write_all(&h)?;
-                splice(c, up)
+                up.write_all(&rest)?;
+                splice(c, up, limits.idle)
             }
             Err(_) => {
                 c.write_all(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
@@ -124,18 +180,41 @@ fn serve_one(mut c: TcpStream, allowed: &Allowed, refused: &(dyn Fn(&str) + Send
     }
 }
 
-/// Serves the proxy on a fresh port of 127.0.0.1 in a thread of its own; returns the port.
-/// `refused` is told what each refused request asked for.
-pub fn serve(allowed: Allowed, refused: impl Fn(&str) + Send + Sync + 'static) -> io::Result<u16> {
+/// Serves the proxy on a fresh port of 127.0.0.1 in a thread of its own, within `limits`;
+/// returns the port. `refused` is told what each refused request asked for, and once per
+/// burst of connections over the limit.
+pub fn serve(
+    allowed: Allowed,
+    limits: Limits,
+    refused: impl Fn(&str) + Send + Sync + 'static,
+) -> io::Result<u16> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     let port = l.local_addr()?.port();
     let refused: Arc<dyn Fn(&str) + Send + Sync> = Arc::new(refused);
+    let open = Arc::new(AtomicUsize::new(0));
+    let told = AtomicBool::new(false);
     std::thread::Builder::new().name("egress".into()).spawn(move || {
-        for c in l.incoming().flatten() {
-            let (allowed, refused) = (allowed.clone(), Arc::clone(&refused));
-            let _ = std::thread::Builder::new().name("egress-conn".into()).spawn(move || {
-                let _ = serve_one(c, &allowed, &*refused);
+        for mut c in l.incoming().flatten() {
+            if open.load(Ordering::Acquire) >= limits.conns {
+                if !told.swap(true, Ordering::AcqRel) {
+                    refused(&format!("a connection past {} open at once", limits.conns));
+                }
+                let _ = c.set_write_timeout(Some(Duration::from_secs(1)));
+                let _ = c.write_all(
+                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                );
+                continue;
+            }
+            told.store(false, Ordering::Release);
+            open.fetch_add(1, Ordering::AcqRel);
+            let (allowed, refused, open2) = (allowed.clone(), Arc::clone(&refused), Arc::clone(&open));
+            let spawned = std::thread::Builder::new().name("egress-conn".into()).spawn(move || {
+                let _ = serve_one(c, &allowed, limits, &*refused);
+                open2.fetch_sub(1, Ordering::AcqRel);
             });
+            if spawned.is_err() {
+                open.fetch_sub(1, Ordering::AcqRel);
+            }
         }
     })?;
     Ok(port)
@@ -156,5 +235,38 @@ mod tests {
         assert!(!h.plain("http://10.0.0.3:8080/") && !h.plain("/relative") && !h.plain("http://10.0.0.2/"));
         let v6 = Allowed { url: Url::parse("https://[fd00::2]:9443").unwrap() };
         assert!(v6.connect("[fd00::2]:9443"));
+    }
+
+    /// Connections past the limit are answered 503 at once and reported once; a head that
+    /// never comes frees its place after the head time.
+    #[test]
+    fn connections_past_the_limit_are_refused_and_a_silent_one_is_dropped() {
+        let url = Url::parse("http://127.0.0.1:9").unwrap();
+        let told = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let t2 = Arc::clone(&told);
+        let limits = Limits { conns: 3, head: Duration::from_millis(300), idle: Duration::from_secs(5) };
+        let port = serve(Allowed { url }, limits, move |w| t2.lock().unwrap().push(w.to_owned())).unwrap();
+        let held: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap()).collect();
+        std::thread::sleep(Duration::from_millis(50));
+        for _ in 0..2 {
+            let mut extra = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let mut answer = String::new();
+            extra.read_to_string(&mut answer).unwrap();
+            assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+        }
+        assert_eq!(told.lock().unwrap().len(), 1, "one report per burst: {:?}", told.lock().unwrap());
+        assert!(told.lock().unwrap()[0].contains("past 3"));
+        // The held ones said nothing: each is closed once its head time is up.
+        for mut h in held {
+            let mut b = Vec::new();
+            h.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            assert_eq!(h.read_to_end(&mut b).unwrap(), 0, "closed without an answer");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let mut again = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        again.write_all(b"GET http://elsewhere.example/ HTTP/1.1\r\n\r\n").unwrap();
+        let mut answer = String::new();
+        again.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 403"), "places come back: {answer}");
     }
 }

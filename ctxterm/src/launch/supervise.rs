@@ -199,8 +199,9 @@ fn proxy(c: &mut Contract, url: &str) -> Result<()> {
             "reason": "the run reaches its model alone (no network:default connect)"});
         let _ = session::append_event(&dir, &event);
     };
-    let port = super::egress::serve(super::egress::Allowed { url }, refused)
-        .map_err(|e| Error::Supervise(format!("the egress proxy: {e}")))?;
+    let port =
+        super::egress::serve(super::egress::Allowed { url }, super::egress::Limits::default(), refused)
+            .map_err(|e| Error::Supervise(format!("the egress proxy: {e}")))?;
     c.egress = Some(port);
     let at = format!("http://127.0.0.1:{port}");
     for k in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
