@@ -21,6 +21,7 @@ const RUNTIME: &str = "#!/bin/sh
 read -r line
 case \"$line\" in
 wait*) echo waiting; while [ ! -e /workspace/go ]; do sleep 0.1; done ;;
+big*) echo run >> /workspace/runs; head -c 3000000 /dev/zero | tr '\\0' a; echo ;;
 esac
 echo \"ANSWER: $line\"
 ";
@@ -416,4 +417,45 @@ fn a_turn_survives_kill_9_of_everything_but_storage_and_is_answered_once() {
     }
     assert_eq!(r.len(), 4, "{r:?}");
     assert!(r[3]["content"].as_str().unwrap().contains("ANSWER: wait then answer"), "{r:?}");
+}
+
+/// An answer larger than a session line (3 MB; the line limit is 1 MiB) is recorded once:
+/// kept whole in a file beside the session, its line carrying the first bytes and the file's
+/// name. The same id sent again replays it (the runtime ran once), no frame passes the frame
+/// limit, and `ctx send --wait` prints the whole answer.
+#[test]
+fn an_answer_larger_than_a_session_line_is_recorded_once_and_never_run_again() {
+    let ep = Endpoint::start("true", "unused");
+    let h = host(&ep);
+    let work = h.s.dir.path().join("big-work");
+    workspace(&work, 1001);
+    let (s, cwd) = (tests::unique("big"), work.display().to_string());
+    let mut c = Client::to(&h, "sockrt");
+    c.send(json!({"op": "send", "id": "big1", "session": s, "cwd": cwd, "input": "big"}));
+    let f = c.until(done("big1"));
+    assert_eq!(f.last().unwrap()["status"], "ok", "{:?}", f.last());
+    let m = f.iter().find(|f| f["type"] == "message").expect("a message frame");
+    assert!(m.to_string().len() < 1 << 20, "the message frame fits a frame");
+    assert_eq!(m["content_bytes"], 3_000_000 + "ANSWER: big".len() + 1, "{}", m["content_bytes"]);
+    let file = PathBuf::from(m["content_file"].as_str().expect("content_file"));
+    let whole = fs::read_to_string(&file).unwrap();
+    assert!(whole.starts_with("aaaa") && whole.ends_with("ANSWER: big") && whole.len() == 3_000_012);
+    let r = records(&h, 1001, "sockrt", &s);
+    assert_eq!(count(&r, "big1", "assistant"), 1, "recorded once");
+    let rec = r.iter().find(|v| v["id"] == "big1" && v["role"] == "assistant").unwrap();
+    assert_eq!(rec["content_file"].as_str(), file.file_name().unwrap().to_str());
+    // The same id again: the same run, followed (not run again).
+    let mut again = Client::to(&h, "sockrt");
+    again.send(json!({"op": "send", "id": "big1", "session": s, "cwd": cwd, "input": "big"}));
+    let f = again.until(done("big1"));
+    assert_eq!(f.last().unwrap()["status"], "ok", "{:?}", f.last());
+    assert_eq!(f.iter().find(|f| f["type"] == "message").unwrap()["content_file"], m["content_file"]);
+    let o = Command::new(tests::bin("ctx"))
+        .args(["send", "sockrt", "big", "--session", &s, "--id", "big1", "--wait", "--cwd", &cwd, "--ctx"])
+        .arg(&h.s.mnt)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", tests::shown(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim_end(), whole, "the whole answer printed");
+    assert_eq!(fs::read_to_string(work.join("runs")).unwrap(), "run\n", "the runtime ran once");
 }

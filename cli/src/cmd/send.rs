@@ -117,7 +117,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 return Ok(());
             }
             "start" => started = true,
-            "message" => answer = f["content"].as_str().map(str::to_owned),
+            "message" => answer = f["content"].as_str().map(|c| whole_answer(&f, c)),
             "done" => {
                 if a.wait
                     && !a.json
@@ -140,5 +140,21 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             }
             _ => {}
         }
+    }
+}
+
+/// The answer of a `message` frame: its `content`, or, when the answer was too large for one
+/// line and is kept whole in a file beside the session (`content_file`), that file's text when
+/// this caller may read it (opened beneath the session's directory, never through a link),
+/// else the first bytes and where the rest is.
+fn whole_answer(f: &Value, content: &str) -> String {
+    let Some(file) = f["content_file"].as_str().map(std::path::Path::new) else { return content.to_owned() };
+    let bytes = f["content_bytes"].as_u64().unwrap_or(0);
+    let read = file.parent().zip(file.file_name()).and_then(|(dir, name)| {
+        ctxterm::beneath::Tree::open(dir).and_then(|t| t.read_string(name, bytes)).ok()
+    });
+    match read {
+        Some(whole) => whole,
+        None => format!("{content}\n[the whole answer, {bytes} bytes, is {}]", file.display()),
     }
 }

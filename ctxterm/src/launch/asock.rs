@@ -44,6 +44,15 @@ const ANSWER_MAX: usize = 4 << 20;
 const OUTPUT_KEPT: usize = 16 << 20;
 /// Most finished runs kept in memory (older ones answer from their records).
 const FINISHED_KEPT: usize = 256;
+/// Most bytes of frames the finished runs kept in memory hold, over all agents: past it the
+/// oldest are forgotten (they answer from their records).
+const FINISHED_BYTES: usize = 64 << 20;
+/// A recorded answer whose line would pass this many bytes (the session line limit, and a
+/// frame's) is kept whole in a file beside the session; the line carries its first
+/// [`ANSWER_PREVIEW`] bytes and the file's name.
+const ANSWER_LINE: usize = asock::FRAME_MAX - 4096;
+/// The first bytes of an answer kept in a file that its line and its frame carry.
+const ANSWER_PREVIEW: usize = 64 << 10;
 /// Most connections served at once, over all agents.
 const CONNECTIONS_MAX: usize = 256;
 /// Most connections of one uid other than root served at once: no caller holds every slot.
@@ -109,6 +118,20 @@ impl Turn {
         self.changed.notify_all();
     }
 
+    /// Bytes of text its frames hold.
+    fn bytes(&self) -> usize {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.frames
+            .iter()
+            .map(|f| {
+                64 + ["text", "content", "message"]
+                    .iter()
+                    .map(|k| f[k].as_str().map_or(0, str::len))
+                    .sum::<usize>()
+            })
+            .sum()
+    }
+
     /// Writes every frame of the turn to `out` as it comes, until its `done`; false when the
     /// client went away (the turn goes on).
     fn follow(&self, out: &mut impl Write) -> bool {
@@ -143,6 +166,8 @@ struct Server {
     ctx_bin: PathBuf,
     /// Runs by (agent, id).
     turns: Mutex<HashMap<(String, String), Arc<Turn>>>,
+    /// The finished runs kept, oldest first.
+    finished: Mutex<Finished>,
     /// The run of each (agent, session) that is running.
     busy: Mutex<HashMap<(String, String), String>>,
     /// Connections served now: in all, and per uid other than root.
@@ -166,6 +191,7 @@ pub fn spawn(ctx: &Path, storage: &Path, control: &Path) -> std::io::Result<()> 
         dir,
         ctx_bin: std::env::current_exe()?,
         turns: Mutex::new(HashMap::new()),
+        finished: Mutex::new(Finished::default()),
         busy: Mutex::new(HashMap::new()),
         connections: Mutex::new((0, HashMap::new())),
     });
@@ -644,26 +670,18 @@ impl Server {
             }),
             changed: Condvar::new(),
         });
-        {
-            let mut turns = self.turns.lock().unwrap_or_else(|e| e.into_inner());
-            // Past FINISHED_KEPT finished runs, the surplus is forgotten: their records answer
-            // for them (a send of their id replays the recorded answer).
-            let done: Vec<(String, String)> = turns
-                .iter()
-                .filter(|(_, t)| t.state.lock().unwrap_or_else(|e| e.into_inner()).done)
-                .map(|(k, _)| k.clone())
-                .collect();
-            for k in done.iter().take(done.len().saturating_sub(FINISHED_KEPT)) {
-                turns.remove(k);
-            }
-            turns.insert((agent.to_owned(), s.id.clone()), Arc::clone(&t));
-        }
+        self.turns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((agent.to_owned(), s.id.clone()), Arc::clone(&t));
         let me = Arc::clone(self);
         let run = Arc::clone(&t);
+        let name = (agent.to_owned(), s.id.clone());
         let spawned = std::thread::Builder::new().name(format!("turn-{agent}")).spawn(move || {
             let end = me.run(&run, uid, gid, caller, &s);
             me.busy.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
             run.finish(end);
+            me.retire(name, &run);
         });
         if let Err(e) = spawned {
             self.busy.lock().unwrap_or_else(|e| e.into_inner()).remove(&busy_key);
@@ -672,6 +690,20 @@ impl Server {
             return Err(refuse("EAGAIN", format!("cannot start the turn: {e}")));
         }
         Ok(t)
+    }
+
+    /// Keeps the finished run `t` (named `name`) among the finished ones; forgets the oldest
+    /// past [`FINISHED_KEPT`] runs or [`FINISHED_BYTES`] bytes, unless a newer run of the same
+    /// name took its place. Their records answer for them (a send of their id replays the
+    /// recorded answer).
+    fn retire(&self, name: (String, String), t: &Arc<Turn>) {
+        let gone = self.finished.lock().unwrap_or_else(|e| e.into_inner()).push(name, Arc::clone(t));
+        let mut turns = self.turns.lock().unwrap_or_else(|e| e.into_inner());
+        for (k, old) in gone {
+            if turns.get(&k).is_some_and(|cur| Arc::ptr_eq(cur, &old)) {
+                turns.remove(&k);
+            }
+        }
     }
 
     /// Runs the turn; returns its `done` frame.
@@ -696,7 +728,13 @@ impl Server {
         if let Some(answer) = mine("assistant") {
             // Answered before: the same id is the same run.
             t.push(json!({"type": "start", "id": s.id, "replayed": true}));
-            t.push(json!({"type": "message", "id": s.id, "role": "assistant", "content": answer["content"]}));
+            let mut m =
+                json!({"type": "message", "id": s.id, "role": "assistant", "content": answer["content"]});
+            if let Some(f) = answer["content_file"].as_str() {
+                m["content_file"] = json!(dir.join(f));
+                m["content_bytes"] = answer["content_bytes"].clone();
+            }
+            t.push(m);
             return json!({"type": "done", "id": s.id, "status": answer["status"].as_str().unwrap_or("ok"),
                 "replayed": true});
         }
@@ -779,11 +817,13 @@ impl Server {
             });
             (h, text)
         });
-        let mut answer = String::new();
+        let (mut answer, mut cut) = (String::new(), false);
         if let Some(o) = child.stdout.take() {
             chunks(o, |c| {
                 if answer.len() < ANSWER_MAX {
                     answer.push_str(c);
+                } else {
+                    cut = true;
                 }
                 t.push(json!({"type": "delta", "id": s.id, "text": c}));
             });
@@ -816,11 +856,30 @@ impl Server {
         if status != 0 {
             record["exit"] = json!(status);
         }
+        if cut {
+            // Recorded up to ANSWER_MAX bytes; the rest was streamed only.
+            record["content_cut"] = json!(true);
+        }
+        let mut message = json!({"type": "message", "id": s.id, "role": "assistant", "content": content});
+        if record.to_string().len() > ANSWER_LINE {
+            // Too large for one line: kept whole beside the session, the line names it.
+            let name = format!("answer.{}.md", session::unique_stamp());
+            if let Err(e) = session::replace_file(&dir, &name, &content) {
+                return fail("EIO", format!("{}: {e}", dir.join(&name).display()));
+            }
+            let preview = &content[..content.floor_char_boundary(ANSWER_PREVIEW)];
+            record["content"] = json!(preview);
+            record["content_file"] = json!(name);
+            record["content_bytes"] = json!(content.len());
+            message["content"] = json!(preview);
+            message["content_file"] = json!(dir.join(&name));
+            message["content_bytes"] = json!(content.len());
+        }
         if let Err(e) = append(&dir, &record) {
             return fail("EIO", format!("{}: {e}", dir.join("messages.jsonl").display()));
         }
         let _ = session::rebuild_latest(&dir);
-        t.push(json!({"type": "message", "id": s.id, "role": "assistant", "content": content}));
+        t.push(message);
         if state == "error" {
             let code = match status {
                 13 => "EACCES",
@@ -832,6 +891,30 @@ impl Server {
                 "message": format!("the run ended with status {status}")}));
         }
         json!({"type": "done", "id": s.id, "status": state, "exit": status})
+    }
+}
+
+/// The finished runs kept in memory, oldest first, and the bytes their frames hold.
+#[derive(Default)]
+struct Finished {
+    runs: std::collections::VecDeque<((String, String), Arc<Turn>, usize)>,
+    bytes: usize,
+}
+
+impl Finished {
+    /// Keeps `t`; returns the runs forgotten to stay within [`FINISHED_KEPT`] runs and
+    /// [`FINISHED_BYTES`] bytes.
+    fn push(&mut self, name: (String, String), t: Arc<Turn>) -> Vec<((String, String), Arc<Turn>)> {
+        let n = t.bytes();
+        self.runs.push_back((name, t, n));
+        self.bytes += n;
+        let mut gone = Vec::new();
+        while self.runs.len() > FINISHED_KEPT || (self.bytes > FINISHED_BYTES && self.runs.len() > 1) {
+            let Some((k, t, n)) = self.runs.pop_front() else { break };
+            self.bytes -= n;
+            gone.push((k, t));
+        }
+        gone
     }
 }
 
@@ -1025,4 +1108,48 @@ pub fn read_frame(r: &mut impl BufRead) -> Result<Option<Value>, String> {
         return Ok(None);
     }
     serde_json::from_slice(&line).map(Some).map_err(|e| format!("a frame that is not JSON: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turn(text_bytes: usize) -> Arc<Turn> {
+        let t = Arc::new(Turn {
+            agent: "a".into(),
+            session: "s".into(),
+            state: Mutex::new(TurnState {
+                frames: Vec::new(),
+                kept: 0,
+                done: false,
+                cancelled: false,
+                child: None,
+            }),
+            changed: Condvar::new(),
+        });
+        t.push(json!({"type": "delta", "id": "x", "text": "a".repeat(text_bytes)}));
+        t.finish(json!({"type": "done", "status": "ok"}));
+        t
+    }
+
+    /// The finished runs kept hold at most FINISHED_BYTES over all agents and at most
+    /// FINISHED_KEPT runs: turns of 16 MiB each (the most one keeps) push the oldest out.
+    #[test]
+    fn finished_runs_are_bounded_for_the_whole_daemon() {
+        let mut f = Finished::default();
+        let mut gone = 0;
+        for i in 0..40 {
+            gone += f.push((format!("agent{}", i % 7), format!("id{i}")), turn(OUTPUT_KEPT)).len();
+            assert!(f.bytes <= FINISHED_BYTES, "{} bytes kept after {i}", f.bytes);
+        }
+        assert_eq!(f.runs.len() + gone, 40);
+        assert!(f.runs.len() >= 3, "{} kept", f.runs.len());
+        assert_eq!(f.runs.back().unwrap().0, ("agent4".to_owned(), "id39".to_owned()), "the newest stays");
+        let mut f = Finished::default();
+        for i in 0..FINISHED_KEPT + 10 {
+            f.push(("a".into(), format!("{i}")), turn(10));
+        }
+        assert_eq!(f.runs.len(), FINISHED_KEPT);
+        assert_eq!(f.runs.front().unwrap().0.1, "10", "the oldest went first");
+    }
 }

@@ -60,10 +60,32 @@ fn sub_dir(dir: &OwnedFd, name: &str) -> std::io::Result<OwnedFd> {
         .map_err(Into::into)
 }
 
-/// Opens the file `name` of `dir` for writing (`flags` added), never through a symlink.
+/// Opens the file `name` of `dir` for writing (`flags` added), never through a symlink, and
+/// only when it is a regular file: a FIFO or device planted in its place is refused (opened
+/// non-blocking, so it cannot hold the opener).
 fn file_at(dir: &OwnedFd, name: &str, flags: OFlags) -> std::io::Result<std::fs::File> {
-    let f = OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | flags;
-    Ok(std::fs::File::from(rustix::fs::openat(dir, name, f, Mode::from_raw_mode(0o644))?))
+    regular(dir, name, OFlags::WRONLY | flags, Mode::from_raw_mode(0o644))
+}
+
+/// Opens `name` of `dir` with `flags`, never through a symlink, non-blocking until it is
+/// known to be a regular file; anything else is refused with `EINVAL`.
+fn regular(dir: &OwnedFd, name: &str, flags: OFlags, mode: Mode) -> std::io::Result<std::fs::File> {
+    let f =
+        rustix::fs::openat(dir, name, flags | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK, mode)?;
+    if rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&f)?.st_mode)
+        != rustix::fs::FileType::RegularFile
+    {
+        return Err(rustix::io::Errno::INVAL.into());
+    }
+    rustix::fs::fcntl_setfl(&f, rustix::fs::fcntl_getfl(&f)? & !OFlags::NONBLOCK)?;
+    Ok(std::fs::File::from(f))
+}
+
+/// A name no other file of this process made: the time in nanoseconds and a count.
+pub fn unique_stamp() -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let t = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    format!("{t}.{}.{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
 }
 
 /// Creates (or reopens) the session directory `d` of a run of `agent`, through the host
@@ -189,9 +211,8 @@ pub fn append_line(dir: &Path, log: &str, value: &serde_json::Value) -> std::io:
 pub fn read_file(dir: &Path, name: &str, max: u64) -> std::io::Result<String> {
     use std::io::Read;
     let d = open_dir(dir)?;
-    let f = rustix::fs::openat(&d, name, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
     let mut s = String::new();
-    std::fs::File::from(f).take(max).read_to_string(&mut s)?;
+    regular(&d, name, OFlags::RDONLY, Mode::empty())?.take(max).read_to_string(&mut s)?;
     Ok(s)
 }
 
@@ -228,7 +249,15 @@ pub fn rebuild_latest(dir: &Path) -> Result<String> {
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|v| v["role"] == "assistant")
-        .filter_map(|v| v["content"].as_str().or_else(|| v["text"].as_str()).map(str::to_owned))
+        .filter_map(|v| {
+            let text = v["content"].as_str().or_else(|| v["text"].as_str())?.to_owned();
+            Some(match v["content_file"].as_str() {
+                Some(f) => {
+                    format!("{text}\n[cortexfs: the whole answer, {} bytes, is {f}]", v["content_bytes"])
+                }
+                None => text,
+            })
+        })
         .next_back()
         .unwrap_or_default();
     if !last.is_empty() && !last.ends_with('\n') {
@@ -237,4 +266,43 @@ pub fn rebuild_latest(dir: &Path) -> Result<String> {
     let latest = dir.join("latest.md");
     replace_file(dir, "latest.md", &last).map_err(at(&latest))?;
     Ok(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A FIFO an agent planted where a session file goes neither holds root's writer or reader
+    /// (each would block until the agent opened the other end) nor is written: refused.
+    #[test]
+    fn a_fifo_in_place_of_a_session_file_is_refused_without_blocking() {
+        let d = tempfile::tempdir().unwrap();
+        for name in ["state", "updated_at", "messages.jsonl", "latest.md"] {
+            rustix::fs::mknodat(
+                rustix::fs::CWD,
+                d.path().join(name).as_path(),
+                rustix::fs::FileType::Fifo,
+                Mode::from_raw_mode(0o666),
+                0,
+            )
+            .unwrap();
+        }
+        let dir = d.path().to_owned();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            finish(&dir, 0);
+            let read = read_file(&dir, "messages.jsonl", 100).map_err(|e| e.raw_os_error());
+            let append =
+                append_line(&dir, "messages.jsonl", &serde_json::json!({})).map_err(|e| e.raw_os_error());
+            let _ = tx.send((read, append));
+        });
+        let (read, append) = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("nothing blocks");
+        assert_eq!(read, Err(Some(libc_einval())));
+        // Opened for writing with no reader: ENXIO before any type check.
+        assert!(append.is_err(), "{append:?}");
+    }
+
+    fn libc_einval() -> i32 {
+        rustix::io::Errno::INVAL.raw_os_error()
+    }
 }
