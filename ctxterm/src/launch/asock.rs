@@ -861,7 +861,7 @@ impl Server {
             record["content_cut"] = json!(true);
         }
         let mut message = json!({"type": "message", "id": s.id, "role": "assistant", "content": content});
-        if record.to_string().len() > ANSWER_LINE {
+        if record.to_string().len() >= ANSWER_LINE {
             // Too large for one line: kept whole beside the session, the line names it.
             let name = format!("answer.{}.md", session::unique_stamp());
             if let Err(e) = session::replace_file(&dir, &name, &content) {

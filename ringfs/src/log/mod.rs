@@ -455,6 +455,19 @@ impl AppendLog {
         self.settle()
     }
 
+    /// Makes sure the `bytes` after the acknowledged end have disk space, without changing the
+    /// file size: a write whose first piece is taken before its rest arrives cannot then run out
+    /// of space. `ENOSPC`/`EDQUOT` when the space is not there; filesystems that cannot reserve
+    /// space answer `Ok` (they allocate as they write).
+    pub fn hold_space(&self, bytes: u64) -> std::io::Result<()> {
+        let end = self.len();
+        match rustix::fs::fallocate(&self.file, rustix::fs::FallocateFlags::KEEP_SIZE, end, bytes.max(1)) {
+            Ok(()) => Ok(()),
+            Err(e) if is_full(&e.into()) => Err(e.into()),
+            Err(_) => Ok(()),
+        }
+    }
+
     /// Reserves disk space past `need` without changing the file size; returns the new reserved
     /// end. Filesystems that cannot reserve simply allocate as they write.
     fn reserve(&self, from: u64, need: u64) -> u64 {

@@ -320,6 +320,22 @@ pub struct CtxFs {
     piece_bufs: Mutex<Vec<Vec<u8>>>,
 }
 
+/// The most bytes of one line of a session or object log written through any connection,
+/// its newline included: the least a view's kernel sends of a longer write in one request, so
+/// a line this long or shorter reaches a view's daemon whole, and a longer one is refused at
+/// its first piece (see [`CtxFs::log_piece`]).
+pub const LINE_MAX: usize = (1 << 20) - 4096;
+
+/// What becomes of one piece of a log write (see [`CtxFs::log_piece`]).
+enum Piece<'a> {
+    /// Acknowledged whole and held for the rest of its write.
+    Held,
+    /// `bytes` to append at `start`; `ack` bytes of the request acknowledged once they are.
+    Append { start: u64, bytes: Cow<'a, [u8]>, ack: usize },
+    /// Refused with this errno: nothing of it stored.
+    Refused(i32),
+}
+
 /// Most bytes of one extended attribute's value, or of a list of names (the kernel's limit).
 const XATTR_MAX: usize = 64 * 1024;
 
@@ -826,17 +842,12 @@ impl CtxFs {
         data: &[u8],
         done: WriteDone,
     ) -> bool {
-        let size = data.len();
         if self.zero_open && handle == 0 {
             let Ok(rel) = self.rel(ino) else { return false };
             if classify(&rel) != Some(Area::SessionLog) {
                 return false;
             }
             self.stats.count("write");
-            let Some((start, whole)) = self.log_piece(ino, offset, data) else {
-                done.reply(Ok(size));
-                return true;
-            };
             let log = match self.log(&rel) {
                 Ok(l) => l,
                 Err(e) => {
@@ -844,10 +855,7 @@ impl CtxFs {
                     return true;
                 }
             };
-            // Appended elsewhere than this kernel thought: its cached pages are wrong.
-            let changed = (log.len() != start).then(|| (self.changes.clone(), rel));
-            append_then(&log, flags, start, &whole, size, changed, done);
-            self.piece_done(whole);
+            self.log_write(&log, ino, offset, flags, data, Some(rel), true, done);
             return true;
         }
         let Ok(h) = self.handle(handle) else { return false };
@@ -857,13 +865,68 @@ impl CtxFs {
         };
         self.stats.count("write");
         // The host's data connection keeps pages of session logs.
-        let changed = self
-            .rel(ino)
-            .ok()
-            .filter(|rel| classify(rel) == Some(Area::SessionLog))
-            .map(|rel| (self.changes.clone(), rel));
-        append_then(&log, flags, offset, data, size, changed, done);
+        let rel = self.rel(ino).ok().filter(|rel| classify(rel) == Some(Area::SessionLog));
+        self.log_write(&log, ino, offset, flags, data, rel, false, done);
         true
+    }
+
+    /// Like [`CtxFs::log_write`], waiting here for the append to be durable; returns the count
+    /// acknowledged.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn log_write_now(
+        &self,
+        log: &Arc<AppendLog>,
+        ino: u64,
+        offset: u64,
+        flags: u32,
+        data: &[u8],
+        rel: Option<Arc<Path>>,
+        only_moved: bool,
+    ) -> io::Result<usize> {
+        match self.log_piece(ino, offset, data, log) {
+            Piece::Held => Ok(data.len()),
+            Piece::Refused(e) => Err(err(e)),
+            Piece::Append { start, bytes, ack } => {
+                let moved = log.len() != start;
+                let appended = append(log, flags, start, &bytes);
+                self.piece_done(bytes);
+                appended?;
+                if let Some(rel) = rel.filter(|_| !only_moved || moved) {
+                    // Appended elsewhere than this kernel thought: its cached pages are wrong.
+                    self.changes.data(&rel);
+                }
+                Ok(ack)
+            }
+        }
+    }
+
+    /// Serves one WRITE to `log` through [`CtxFs::log_piece`]: held, refused, or appended with
+    /// `done` told once it is durable. `rel`, when the host's data connection keeps the log's
+    /// pages: they are dropped after the append (only when it landed elsewhere than the kernel
+    /// thought, if `only_moved`).
+    #[allow(clippy::too_many_arguments)]
+    fn log_write(
+        &self,
+        log: &Arc<AppendLog>,
+        ino: u64,
+        offset: u64,
+        flags: u32,
+        data: &[u8],
+        rel: Option<Arc<Path>>,
+        only_moved: bool,
+        done: WriteDone,
+    ) {
+        match self.log_piece(ino, offset, data, log) {
+            Piece::Held => done.reply(Ok(data.len())),
+            Piece::Refused(e) => done.reply(Err(err(e))),
+            Piece::Append { start, bytes, ack } => {
+                // Appended elsewhere than this kernel thought: its cached pages are wrong.
+                let changed =
+                    rel.filter(|_| !only_moved || log.len() != start).map(|rel| (self.changes.clone(), rel));
+                append_then(log, flags, start, &bytes, ack, changed, done);
+                self.piece_done(bytes);
+            }
+        }
     }
 
     /// How the connection serving this filesystem is served.
@@ -1034,45 +1097,89 @@ impl CtxFs {
         }
     }
 
-    /// A piece of a session-log write on the data connection, which writes through the page
-    /// cache: the kernel sends a write that ends in a page it has not read in two requests, the
-    /// first ending at that page's start. Such a first piece (not ending in a newline, ending at
-    /// a page boundary) is held until the rest arrives at the offset right after it; `None`
-    /// while holding. A held piece not followed by its rest is dropped (never appended): a
-    /// write is acknowledged, as a whole, only by the request that completes it.
-    fn log_piece<'a>(&self, ino: u64, offset: u64, data: &'a [u8]) -> Option<(u64, Cow<'a, [u8]>)> {
+    /// What becomes of one WRITE request's `data` at `offset` to the log `log` (inode `ino`),
+    /// on any connection: a write is stored whole or refused whole, however the kernel split
+    /// it, and no count is acknowledged for bytes not stored.
+    ///
+    /// The kernel splits a write in two ways: through the page cache (the host's data
+    /// connection), a write that starts in a page it has not read goes first alone up to that
+    /// page's end; through a view, a write goes in pieces of `max_write` less its buffer's
+    /// offset in its page (at least [`LINE_MAX`] bytes). Each piece waits for the reply to the
+    /// one before, and no piece says how long the write is. So:
+    /// - a piece that completes every line it holds is appended;
+    /// - a piece that holds complete lines and the start of another has its complete lines
+    ///   appended and acknowledged, the rest not (a short count the writer continues from);
+    /// - a piece with no newline at all is refused (`EFBIG`) once it is [`LINE_MAX`] long;
+    ///   shorter and ending at a page boundary, it is held for the rest (which must come at the
+    ///   offset right after it), after the log's space for the longest line was made sure of
+    ///   (`ENOSPC`/`EDQUOT` refuse it otherwise); anything else goes to the log, which refuses an
+    ///   incomplete line.
+    ///
+    /// One case cannot be refused whole: a line longer than [`LINE_MAX`] of which the page
+    /// cache sent a first page alone: that page was acknowledged before the rest showed the line
+    /// too long (the writer gets a short count, and nothing of the line is stored).
+    fn log_piece<'a>(&self, ino: u64, offset: u64, data: &'a [u8], log: &AppendLog) -> Piece<'a> {
         const PAGE: u64 = 4096;
         let mut pieces = lock(&self.pieces);
-        // A write of whole lines with nothing held before it, the usual case, goes as it came.
-        let (start, whole): (u64, Cow<'a, [u8]>) = match pieces.remove(&ino) {
+        let (start, whole, held): (u64, Cow<'a, [u8]>, usize) = match pieces.remove(&ino) {
             Some((start, held)) if start + held.len() as u64 == offset => {
+                let n = held.len();
                 let mut held = held;
                 held.extend_from_slice(data);
-                (start, Cow::Owned(held))
+                (start, Cow::Owned(held), n)
             }
             Some(_) => {
                 tracing::warn!(ino, "dropped the first piece of a log write whose rest never came");
-                (offset, Cow::Borrowed(data))
+                (offset, Cow::Borrowed(data), 0)
             }
-            None => (offset, Cow::Borrowed(data)),
+            None => (offset, Cow::Borrowed(data), 0),
         };
-        if whole.last() != Some(&b'\n')
-            && (start + whole.len() as u64).is_multiple_of(PAGE)
-            && whole.len() <= ringfs::log::Options::default().max_line
-        {
-            let held = match whole {
-                Cow::Owned(v) => v,
-                Cow::Borrowed(b) => {
-                    let mut v = lock(&self.piece_bufs).pop().unwrap_or_default();
-                    v.clear();
-                    v.extend_from_slice(b);
-                    v
-                }
-            };
-            pieces.insert(ino, (start, held));
-            return None;
+        let cut = whole.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        if whole[..cut].split_inclusive(|&b| b == b'\n').any(|l| l.len() > LINE_MAX) {
+            if held > 0 {
+                tracing::warn!(ino, "a line past the limit after its first page was acknowledged");
+            }
+            return Piece::Refused(libc::EFBIG);
         }
-        Some((start, whole))
+        if cut == whole.len() {
+            return Piece::Append { start, bytes: whole, ack: data.len() };
+        }
+        if cut > held {
+            // Complete lines, then the start of another: the lines alone.
+            let bytes = match whole {
+                Cow::Owned(mut v) => {
+                    v.truncate(cut);
+                    Cow::Owned(v)
+                }
+                Cow::Borrowed(b) => Cow::Borrowed(&b[..cut]),
+            };
+            return Piece::Append { start, bytes, ack: cut - held };
+        }
+        if whole.len() >= LINE_MAX {
+            if held > 0 {
+                tracing::warn!(ino, "a line past the limit after its first page was acknowledged");
+            }
+            return Piece::Refused(libc::EFBIG);
+        }
+        if !(start + whole.len() as u64).is_multiple_of(PAGE) {
+            return Piece::Append { start, bytes: whole, ack: data.len() };
+        }
+        if held == 0
+            && let Err(e) = log.hold_space(LINE_MAX as u64)
+        {
+            return Piece::Refused(e.raw_os_error().unwrap_or(libc::ENOSPC));
+        }
+        let held = match whole {
+            Cow::Owned(v) => v,
+            Cow::Borrowed(b) => {
+                let mut v = lock(&self.piece_bufs).pop().unwrap_or_default();
+                v.clear();
+                v.extend_from_slice(b);
+                v
+            }
+        };
+        pieces.insert(ino, (start, held));
+        Piece::Held
     }
 
     /// The buffer of a piece now appended serves the next piece held: a write the kernel splits

@@ -477,19 +477,8 @@ impl FileSystem for CtxFs {
             let rel = self.rel(ino);
             if rel.as_deref().ok().and_then(classify) == Some(Area::SessionLog) {
                 let rel = rel?;
-                let Some((start, whole)) = self.log_piece(ino, offset, &data) else {
-                    return Ok(size as usize);
-                };
                 let log = self.log(&rel)?;
-                let end = log.len();
-                let appended = append(&log, flags, start, &whole);
-                self.piece_done(whole);
-                appended?;
-                if end != start {
-                    // Appended elsewhere than this kernel thought: its cached pages are wrong.
-                    self.changes.data(&rel);
-                }
-                return Ok(size as usize);
+                return self.log_write_now(&log, ino, offset, flags, &data, Some(rel), true);
             }
             return self.inode_file(ino, true)?.write_at(&data, offset);
         }
@@ -530,14 +519,9 @@ impl FileSystem for CtxFs {
             Handle::Log(l) => {
                 let l = Arc::clone(l);
                 drop(h);
-                append(&l, flags, offset, &data)?;
                 // The host's data connection keeps pages of session logs.
-                if let Ok(rel) = self.rel(ino)
-                    && classify(&rel) == Some(Area::SessionLog)
-                {
-                    self.changes.data(&rel);
-                }
-                Ok(data.len())
+                let rel = self.rel(ino).ok().filter(|rel| classify(rel) == Some(Area::SessionLog));
+                self.log_write_now(&l, ino, offset, flags, &data, rel, false)
             }
             Handle::Bytes(_) => Err(err(libc::EACCES)),
             Handle::Dir(_) => Err(err(libc::EISDIR)),
