@@ -793,6 +793,53 @@ fn a_model_elsewhere_is_reached_through_the_runs_proxy_and_nothing_else_is() {
     drop(other);
 }
 
+/// A start that fails leaves nothing behind: no view, no supervisor, no socket directories;
+/// its session does not say running; and the same session starts again at once (it was seen
+/// needing `ctx view rm` first). Failed here two ways: a `--cwd` that is not there, and a cpu
+/// ceiling the kernel refuses (the supervisor fails after the view was made).
+#[test]
+fn a_start_that_fails_removes_what_it_made_and_the_session_starts_again() {
+    let w = World::new();
+    let gone = w.s.dir.path().join("no-such-dir");
+    for (tag, extra) in [
+        ("failcwd", vec!["--cwd".to_owned(), gone.display().to_string()]),
+        ("failcpu", vec!["--cpu".to_owned(), "1000000000000".to_owned()]),
+    ] {
+        let s = session(tag);
+        failed_start_leaves_nothing(&w, &s, &extra);
+    }
+}
+
+fn failed_start_leaves_nothing(w: &World, s: &str, extra: &[String]) {
+    let o = Command::new(tests::bin("ctx"))
+        .args(["agent", "start", "coder", "--session", s, "--ctx"])
+        .arg(&w.s.mnt)
+        .arg("--control")
+        .arg(&w.s.control)
+        .args(extra)
+        .args(["--wait", "--", "/bin/true"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "{extra:?} fails the start: {}", text(&o));
+    let views = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!views.contains(&format!("/run/cortexfs/view/coder/{s} ")), "no view stays: {}", text(&o));
+    let run = PathBuf::from(format!("/run/cortexfs/agent/coder/{s}"));
+    for left in ["pid", "contract.json", "term", "receipt", "prepared"] {
+        assert!(!run.join(left).exists(), "{left} stays in {}", run.display());
+    }
+    // Every hierarchy: the v1 controllers' and the unified one.
+    for h in ["memory/", "pids/", "cpu/", ""] {
+        let g = PathBuf::from(format!("/sys/fs/cgroup/{h}cortexfs/coder.{s}"));
+        assert!(!g.exists(), "its cgroup stays: {}", g.display());
+    }
+    let state = fs::read_to_string(w.s.storage.join(format!("home/1000/agent/coder/session/{s}/state")))
+        .unwrap_or_default();
+    assert_ne!(state.trim(), "running", "the session does not say running");
+    let again = w.start(s, &["--wait"], &["/bin/sh", "-c", "echo again"]);
+    assert!(again.status.success(), "the same session starts again: {}", text(&again));
+    assert!(String::from_utf8_lossy(&again.stdout).contains("again"), "{}", text(&again));
+}
+
 /// The most threads any one process has named `egress-conn` (a run's proxy connections).
 fn most_proxy_threads() -> usize {
     let mut most = 0;

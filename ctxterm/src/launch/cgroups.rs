@@ -139,9 +139,18 @@ fn write(path: &Path, value: &str) -> Result<(), Error> {
     std::fs::write(path, value).map_err(io(path))
 }
 
-/// Makes the groups of the run `name` with the ceilings `l`.
+/// Makes the groups of the run `name` with the ceilings `l`; when a ceiling is refused, the
+/// groups made so far are removed.
 pub fn create(name: &str, l: &Limits) -> Result<Groups, Error> {
     let mut groups = Groups::default();
+    let made = create_into(name, l, &mut groups);
+    if made.is_err() {
+        groups.remove();
+    }
+    made.map(|()| groups)
+}
+
+fn create_into(name: &str, l: &Limits, groups: &mut Groups) -> Result<(), Error> {
     let mut made = |root: &Path, v2: bool, c: Controller| -> Result<PathBuf, Error> {
         let parent = root.join("cortexfs");
         if !parent.exists() {
@@ -202,5 +211,5 @@ pub fn create(name: &str, l: &Limits) -> Result<Groups, Error> {
             }
         }
     }
-    Ok(groups)
+    Ok(())
 }

@@ -205,11 +205,13 @@ pub fn release(c: &Contract) {
         let _ = rustix::mount::unmount(&idmapped, rustix::mount::UnmountFlags::DETACH);
         let _ = std::fs::remove_dir(&idmapped);
     }
+    // The prepared binds are detached, then their directory removed beneath the run's, never
+    // across a mount: a bind still there stops the removal and keeps what it shows.
     let prepared = prepared(c);
-    for i in 0..c.mounts.len() {
-        let _ = rustix::mount::unmount(prepared.join(i.to_string()), rustix::mount::UnmountFlags::DETACH);
+    super::rundir::unmount_below(&prepared);
+    if let Err(e) = super::rundir::remove(&prepared) {
+        eprintln!("agent {} session {}: {e}", c.agent, c.session);
     }
-    let _ = std::fs::remove_dir_all(&prepared);
     let _ = std::fs::remove_file(c.runtime.join("seccomp.bpf"));
     let _ = std::fs::remove_file(key_fifo(c));
     let _ = std::fs::remove_file(c.runtime.join("path.sh"));

@@ -45,9 +45,32 @@ pub fn code_of(status: std::process::ExitStatus) -> i32 {
 }
 
 /// Prepares the run of `s` and starts its supervisor; returns the contract and the supervisor.
+/// A start that fails removes what it made: the view, and the run's directory (unless another
+/// start of the session got its supervisor going meanwhile).
 fn spawn(s: &Start) -> Result<(Contract, std::process::Child)> {
     let c = contract::derive(s)?;
     rundir::prepare(&c)?;
+    let mut view_made = false;
+    match launch(s, &c, &mut view_made) {
+        Ok(child) => Ok((c, child)),
+        Err(e) => {
+            if view_made {
+                view::remove(&c.control, &c.view);
+            }
+            if rundir::supervisor(&c.runtime).is_none() {
+                rundir::unmount_below(&c.runtime);
+                if let Err(r) = rundir::remove(&c.runtime) {
+                    eprintln!("ctx: agent {} session {}: {r}", c.agent, c.session);
+                }
+            }
+            Err(e)
+        }
+    }
+}
+
+/// The part of [`spawn`] after the run's directory is made: the session, the home, the view
+/// (`view_made` set once it exists), the contract, the supervisor.
+fn launch(s: &Start, c: &Contract, view_made: &mut bool) -> Result<std::process::Child> {
     // The session, in the agent's home, owned by the agent.
     let cwd = if c.workspace.is_some() { "/workspace" } else { "/" };
     session::prepare(
@@ -63,7 +86,7 @@ fn spawn(s: &Start) -> Result<(Contract, std::process::Child)> {
     // The agent's persistent home, with what its profile keeps there.
     if c.home.is_some() {
         let h = session::prepare_home(&s.ctx, c.uid, c.gid, &c.agent)?;
-        prepare_profile(&h, &c).map_err(|source| Error::Session { path: h.clone(), source })?;
+        prepare_profile(&h, c).map_err(|source| Error::Session { path: h.clone(), source })?;
     }
     for w in &c.warnings {
         eprintln!("ctx: warning: agent {}: {w}", c.agent);
@@ -86,17 +109,17 @@ fn spawn(s: &Start) -> Result<(Contract, std::process::Child)> {
             space: c.space.clone(),
         },
     )?;
+    *view_made = true;
     // A command of its own gets a writable /ctx only once the view is seen to be one: a
     // read-write CortexFS FUSE mount whose daemon says so, for this run.
     if !c.records_only
         && let Err(why) = view::writable(&c.view, &c.agent, &c.session)
     {
-        view::remove(&c.control, &c.view);
         return Err(Error::Unavailable(format!("the view at {}: {why}", c.view.display())));
     }
     // Run state is root's: the contract names the command line, which other users have no
     // business reading; it goes when the run ends.
-    let contract_file = rundir::write_contract(&c)?;
+    let contract_file = rundir::write_contract(c)?;
     let log_path = c.runtime.join("log");
     let log = rundir::private(&log_path)?;
     let err = log.try_clone().map_err(|source| Error::RunDir { path: log_path.clone(), source })?;
@@ -120,10 +143,14 @@ fn spawn(s: &Start) -> Result<(Contract, std::process::Child)> {
     {
         sup.env_remove(v);
     }
-    let child = sup.spawn().map_err(|e| Error::Supervise(format!("starting the supervisor: {e}")))?;
+    let mut child = sup.spawn().map_err(|e| Error::Supervise(format!("starting the supervisor: {e}")))?;
     drop(key_pipe);
-    rundir::write_pid(&c, child.id())?;
-    Ok((c, child))
+    if let Err(e) = rundir::write_pid(c, child.id()) {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(e);
+    }
+    Ok(child)
 }
 
 /// Makes the directories and writes the files `c`'s profile keeps in the agent's home `h`.
@@ -374,9 +401,48 @@ pub fn start(s: &Start, out: &mut dyn Write) -> Result<Started> {
     Ok(Started::Running { agent: c.agent.clone(), session: c.session.clone(), socket: sock })
 }
 
-/// Runs the supervisor of the run whose contract is at `contract_file`.
+/// Runs the supervisor of the run whose contract is at `contract_file`. However the run ends,
+/// even when it could not start (a workspace that is not there, a cgroup refused), what it made
+/// goes: the view, the sandbox's binds, the socket directories, its cgroups; its session says
+/// how it ended, and `exit` in its run directory holds the status (70 when it could not run).
 pub fn supervise(contract_file: &Path, key_fd: Option<i32>) -> Result<()> {
     let mut c = rundir::read_contract(contract_file)?;
+    let mut groups = None;
+    let r = serve_run(&mut c, key_fd, &mut groups);
+    let code = match &r {
+        Ok(code) => *code,
+        Err(e) => {
+            eprintln!("agent {} session {}: the run could not go on: {e}", c.agent, c.session);
+            let _ = ended_event(&c, "run.failed", &e.to_string(), 70);
+            session::finish(&c.session_dir(&c.ctx), 70);
+            70
+        }
+    };
+    let _ = std::fs::write(c.runtime.join("exit"), format!("{code}\n")); // root's: the run directory
+    view::remove(&c.control, &c.view);
+    sandbox::release(&c);
+    // What stays of a run is its status (`exit`) and the supervisor's own log (0600).
+    // The socket directories are the agent's: removed beneath the run's directory, never
+    // through a link or across a mount.
+    if let Ok(run) = Tree::open(&c.runtime) {
+        for d in ["term", "receipt"] {
+            if let Err(e) = run.remove_all(d) {
+                eprintln!("agent {} session {}: {e}", c.agent, c.session);
+            }
+        }
+    }
+    // root's: the run directory
+    let _ = std::fs::remove_file(contract_file);
+    let _ = std::fs::remove_file(c.runtime.join("pid")); // root's: the run directory
+    if let Some(g) = groups {
+        g.remove();
+    }
+    eprintln!("agent {} session {}: terminal ended with status {code}", c.agent, c.session);
+    r.map(drop)
+}
+
+/// Serves the run `c` until it ends; returns its status. The cgroups made go to `groups`.
+fn serve_run(c: &mut Contract, key_fd: Option<i32>, groups: &mut Option<cgroups::Groups>) -> Result<i32> {
     let fail = |what: &str, e: std::io::Error| Error::Supervise(format!("{what}: {e}"));
     let key = match key_fd {
         Some(fd) => Some(crate::term::read_secret_fd(fd).map_err(|e| fail("--key-fd", e))?),
@@ -426,17 +492,19 @@ pub fn supervise(contract_file: &Path, key_fd: Option<i32>) -> Result<()> {
     receipt::serve(run.clone(), &c.runtime.join("receipt/main.sock"), children.clone())
         .map_err(|e| fail("the receipt socket", e))?;
     let limits = policy::limits::Limits { memory: c.memory, pids: c.pids, cpu: c.cpu };
-    let groups = cgroups::create(&format!("{}.{}", c.agent, c.session), &limits)
-        .map_err(|e| Error::Cgroups(e.to_string()))?;
+    let groups = groups.insert(
+        cgroups::create(&format!("{}.{}", c.agent, c.session), &limits)
+            .map_err(|e| Error::Cgroups(e.to_string()))?,
+    );
     if let Some(u) = c.proxy.clone() {
-        proxy(&mut c, &u)?;
+        proxy(c, &u)?;
     }
-    let mut cmd = sandbox::command(&c, &groups.procs())?;
+    let mut cmd = sandbox::command(c, &groups.procs())?;
     if let Some((i, o, e)) = streams {
         cmd.stdin(Stdio::from(i)).stdout(Stdio::from(o)).stderr(Stdio::from(e));
     }
     if let Some(k) = key {
-        serve_key(&c, k)?;
+        serve_key(c, k)?;
     }
     let mut child = cmd.spawn().map_err(Error::Spawn)?;
     let started = Instant::now();
@@ -517,33 +585,15 @@ pub fn supervise(contract_file: &Path, key_fd: Option<i32>) -> Result<()> {
         run.cancel(&child, &session);
     }
     if lost {
-        lost_view(&c, code);
+        lost_view(c, code);
     } else if timed_out {
         let reason = format!("the run's timeout ({} s) ran out; it was stopped", c.timeout.unwrap_or(0));
-        let _ = ended_event(&c, "run.timeout", &reason, code);
+        let _ = ended_event(c, "run.timeout", &reason, code);
         session::finish(&c.session_dir(&c.ctx), code.max(1));
     } else {
         session::finish(&c.session_dir(&c.ctx), code);
     }
-    let _ = std::fs::write(c.runtime.join("exit"), format!("{code}\n")); // root's: the run directory
-    view::remove(&c.control, &c.view);
-    sandbox::release(&c);
-    // What stays of a run is its status (`exit`) and the supervisor's own log (0600).
-    // The socket directories are the agent's: removed beneath the run's directory, never
-    // through a link or across a mount.
-    if let Ok(run) = Tree::open(&c.runtime) {
-        for d in ["term", "receipt"] {
-            if let Err(e) = run.remove_all(d) {
-                eprintln!("agent {} session {}: {e}", c.agent, c.session);
-            }
-        }
-    }
-    // root's: the run directory
-    let _ = std::fs::remove_file(contract_file);
-    let _ = std::fs::remove_file(c.runtime.join("pid")); // root's: the run directory
-    groups.remove();
-    eprintln!("agent {} session {}: terminal ended with status {code}", c.agent, c.session);
-    Ok(())
+    Ok(code)
 }
 
 /// Appends an event saying why a run ended to its session, through /ctx.
