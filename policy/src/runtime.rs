@@ -1,10 +1,15 @@
 //! The runtime ABI: where a host keeps what runs, where sessions live, and the messages of the
 //! daemon's control socket. Every crate that names one of these takes it from here.
 //!
+//! Each daemon keeps its runtime state in the directory of its control socket (its *runtime
+//! directory*; `/run/cortexfs` for the default daemon), so two daemons on one host, each with
+//! its storage, never share a run, a view or an agent socket:
+//!
 //! ```text
 //! /run/cortexfs/control.sock              the daemon's control socket (root only)
 //! /run/cortexfs/view/<agent>/<session>/    an agent session's view (a FUSE mount)
 //! /run/cortexfs/agent/<agent>/<session>/   a run's state: pid, exit, log, term/, receipt/
+//! /run/cortexfs/agent/<agent>.sock         the agent socket (beside its /ctx entry)
 //! /run/cortexfs/terminal/main.sock         the terminal socket, as seen inside a sandbox
 //! /run/cortexfs/receipt/main.sock          the receipt socket, as seen inside a sandbox
 //! home/<uid>/agent/<agent>/session/<s>/    a session, under /ctx or the storage
@@ -18,10 +23,6 @@ use serde::{Deserialize, Serialize};
 pub const RUN_ROOT: &str = "/run/cortexfs";
 /// The daemon's control socket.
 pub const CONTROL_SOCKET: &str = "/run/cortexfs/control.sock";
-/// Where views are mounted by default.
-pub const VIEW_ROOT: &str = "/run/cortexfs/view";
-/// Where each run's state is kept.
-pub const AGENT_RUNTIME: &str = "/run/cortexfs/agent";
 /// The directory of the terminal socket inside a sandbox.
 pub const SANDBOX_TERMINAL: &str = "/run/cortexfs/terminal";
 /// The terminal socket inside a sandbox.
@@ -60,14 +61,30 @@ pub fn agent_home(root: &Path, uid: u32, agent: &str) -> PathBuf {
     root.join(format!("home/{uid}/agent/{agent}/home"))
 }
 
-/// The default view of an agent session.
-pub fn view_dir(agent: &str, session: &str) -> PathBuf {
-    Path::new(VIEW_ROOT).join(agent).join(session)
+/// The runtime directory of the daemon whose control socket is `control`: the socket's
+/// directory.
+pub fn daemon_dir(control: &Path) -> &Path {
+    control.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(RUN_ROOT))
 }
 
-/// A run's state directory.
-pub fn run_dir(agent: &str, session: &str) -> PathBuf {
-    Path::new(AGENT_RUNTIME).join(agent).join(session)
+/// Where the daemon of `control` mounts views by default.
+pub fn views_root(control: &Path) -> PathBuf {
+    daemon_dir(control).join("view")
+}
+
+/// Where the daemon of `control` keeps its runs' state (and its agent sockets).
+pub fn runs_root(control: &Path) -> PathBuf {
+    daemon_dir(control).join("agent")
+}
+
+/// The default view of an agent session of the daemon of `control`.
+pub fn view_dir(control: &Path, agent: &str, session: &str) -> PathBuf {
+    views_root(control).join(agent).join(session)
+}
+
+/// A run's state directory, for the daemon of `control`.
+pub fn run_dir(control: &Path, agent: &str, session: &str) -> PathBuf {
+    runs_root(control).join(agent).join(session)
 }
 
 /// A request to the daemon's control socket, one JSON line.
@@ -194,6 +211,12 @@ mod tests {
     fn a_session_lives_under_its_uids_home() {
         assert_eq!(session_path(1000, "coder", "main"), "home/1000/agent/coder/session/main");
         assert_eq!(session_dir(Path::new("/ctx"), 7, "a", "s"), Path::new("/ctx/home/7/agent/a/session/s"));
-        assert_eq!(run_dir("a", "s"), Path::new("/run/cortexfs/agent/a/s"));
+        let default = Path::new(CONTROL_SOCKET);
+        assert_eq!(run_dir(default, "a", "s"), Path::new("/run/cortexfs/agent/a/s"));
+        assert_eq!(view_dir(default, "a", "s"), Path::new("/run/cortexfs/view/a/s"));
+        // Another daemon's runs and views are its own.
+        let other = Path::new("/run/cortexfs-b/control.sock");
+        assert_eq!(run_dir(other, "a", "s"), Path::new("/run/cortexfs-b/agent/a/s"));
+        assert_eq!(view_dir(other, "a", "s"), Path::new("/run/cortexfs-b/view/a/s"));
     }
 }

@@ -25,8 +25,6 @@ use crate::{Config, CtxFs, ViewSpec};
 
 /// The default control socket.
 pub const DEFAULT_SOCKET: &str = runtime::CONTROL_SOCKET;
-/// Where views are mounted by default.
-pub const DEFAULT_VIEW_ROOT: &str = runtime::VIEW_ROOT;
 /// Most bytes of one control-socket request line.
 const REQUEST_MAX: usize = runtime::CONTROL_REQUEST_MAX;
 
@@ -40,6 +38,8 @@ struct View {
 pub struct Views {
     base: Config,
     pool: Arc<Pool>,
+    /// Where this daemon mounts views by default (`view/` of its runtime directory).
+    root: PathBuf,
     views: Mutex<Vec<View>>,
     /// Set by [`Views::watch`]: views keep entries, dropped when what they show may change.
     cache: AtomicBool,
@@ -52,9 +52,10 @@ impl std::fmt::Debug for Views {
 }
 
 impl Views {
-    /// Views of the storage and binaries in `base`, served by `pool`.
-    pub fn new(base: Config, pool: Arc<Pool>) -> Views {
-        Views { base, pool, views: Mutex::new(Vec::new()), cache: AtomicBool::new(false) }
+    /// Views of the storage and binaries in `base`, served by `pool`, mounted by default under
+    /// `root` ([`runtime::views_root`] of the daemon's control socket).
+    pub fn new(base: Config, pool: Arc<Pool>, root: PathBuf) -> Views {
+        Views { base, pool, root, views: Mutex::new(Vec::new()), cache: AtomicBool::new(false) }
     }
 
     /// Lets the kernels of the views created from now on keep entries and attributes, and
@@ -123,20 +124,21 @@ impl Views {
                 policy::path::check_absolute(p).map_err(|e| format!("view path: {e}"))?;
                 PathBuf::from(p)
             }
-            None => runtime::view_dir(agent, session),
+            None => self.root.join(agent).join(session),
         };
         let mut views = self.views.lock().map_err(|_| "view table poisoned".to_owned())?;
         if views.iter().any(|v| v.mount.mountpoint() == path) {
             return Err(format!("{} already serves a view", path.display()));
         }
-        if path.starts_with(DEFAULT_VIEW_ROOT) {
+        let root = &self.root;
+        if path.starts_with(root) {
             // Views are reached by binding them into sandboxes: the root may be passed through
             // but not listed, and each agent's directory is its own (0700, the agent's uid), so
             // only that agent's sandbox (and root) can reach its views.
-            std::fs::create_dir_all(DEFAULT_VIEW_ROOT).map_err(|e| format!("{DEFAULT_VIEW_ROOT}: {e}"))?;
-            std::fs::set_permissions(DEFAULT_VIEW_ROOT, std::fs::Permissions::from_mode(0o711))
-                .map_err(|e| format!("{DEFAULT_VIEW_ROOT}: {e}"))?;
-            let own = Path::new(DEFAULT_VIEW_ROOT).join(agent);
+            std::fs::create_dir_all(root).map_err(|e| format!("{}: {e}", root.display()))?;
+            std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o711))
+                .map_err(|e| format!("{}: {e}", root.display()))?;
+            let own = root.join(agent);
             std::fs::create_dir_all(&own).map_err(|e| format!("{}: {e}", own.display()))?;
             std::fs::set_permissions(&own, std::fs::Permissions::from_mode(0o700))
                 .map_err(|e| format!("{}: {e}", own.display()))?;
@@ -195,7 +197,7 @@ impl Views {
         let v = views.remove(i);
         self.base.view_count.store(views.len() as u64, std::sync::atomic::Ordering::Relaxed);
         self.pool.unmount(v.mount).map_err(|e| format!("unmounting {path}: {e}"))?;
-        remove_view_dir(Path::new(path));
+        remove_view_dir(Path::new(path), &self.root);
         tracing::info!(path, "view removed");
         Ok(())
     }
@@ -293,27 +295,27 @@ fn serve_client(views: &Views, stream: UnixStream) {
     }
 }
 
-/// Removes the directory of a view under [`DEFAULT_VIEW_ROOT`] once it is unmounted, and its
-/// agent's once empty; other paths are the operator's and stay.
-fn remove_view_dir(dir: &Path) {
-    if dir.starts_with(DEFAULT_VIEW_ROOT) {
+/// Removes the directory of a view under the daemon's view root `root` once it is unmounted,
+/// and its agent's once empty; other paths are the operator's and stay.
+fn remove_view_dir(dir: &Path, root: &Path) {
+    if dir.starts_with(root) {
         let _ = std::fs::remove_dir(dir);
-        if let Some(agent) = dir.parent().filter(|a| a.parent() == Some(Path::new(DEFAULT_VIEW_ROOT))) {
+        if let Some(agent) = dir.parent().filter(|a| a.parent() == Some(root)) {
             let _ = std::fs::remove_dir(agent);
         }
     }
 }
 
-/// Detaches every view mounted under [`DEFAULT_VIEW_ROOT`] whose server is gone (a daemon
+/// Detaches every view mounted under `root` (a daemon's view root) whose server is gone (a daemon
 /// that crashed or was killed leaves them: `ENOTCONN`), and removes its directory; returns
 /// their paths. Views of a daemon still running answer and are left alone.
-pub fn clean_dead_views() -> Vec<PathBuf> {
+pub fn clean_dead_views(root: &Path) -> Vec<PathBuf> {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
     let mut dead: Vec<PathBuf> = info
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
         .map(|m| PathBuf::from(m.replace("\\040", " ")))
-        .filter(|m| m.starts_with(DEFAULT_VIEW_ROOT))
+        .filter(|m| m.starts_with(root))
         .filter(|m| {
             matches!(rustix::fs::statfs(m), Err(rustix::io::Errno::NOTCONN | rustix::io::Errno::CONNABORTED))
         })
@@ -325,7 +327,7 @@ pub fn clean_dead_views() -> Vec<PathBuf> {
             tracing::warn!(view = %m.display(), error = %e, "cannot detach a dead view");
             continue;
         }
-        remove_view_dir(m);
+        remove_view_dir(m, root);
     }
     dead
 }

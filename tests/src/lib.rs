@@ -63,8 +63,8 @@ pub fn shown(o: &Output) -> String {
 /// them (`/dev/net/tun`): those must not run side by side.
 pub static NETWORK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// A name no other test of this run uses: `tag`, this process, and a counter. Runs of agents
-/// are host-wide (`/run/cortexfs/agent/<agent>/<session>`), so sessions need names of their own.
+/// A name no other test of this run uses: `tag`, this process, and a counter (a name that
+/// must be apart from other tests', such as a cgroup's, which is host-wide).
 pub fn unique(tag: &str) -> String {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

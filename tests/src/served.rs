@@ -102,6 +102,22 @@ impl Served {
         assert!(out.status.success(), "ctx view create: {}", crate::shown(&out));
     }
 
+    /// The state directory of this daemon's run of `agent` `session` (in its runtime
+    /// directory, the control socket's).
+    pub fn run_dir(&self, agent: &str, session: &str) -> PathBuf {
+        self.rt().join("agent").join(agent).join(session)
+    }
+
+    /// The default view of `agent` `session` of this daemon.
+    pub fn view_dir(&self, agent: &str, session: &str) -> PathBuf {
+        self.rt().join("view").join(agent).join(session)
+    }
+
+    /// This daemon's runtime directory: its control socket's.
+    pub fn rt(&self) -> PathBuf {
+        self.control.parent().expect("the control socket's directory").to_path_buf()
+    }
+
     /// A path under the mount.
     pub fn p(&self, rel: &str) -> PathBuf {
         self.mnt.join(rel)

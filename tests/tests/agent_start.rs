@@ -139,16 +139,24 @@ fn stop_leaves_nothing_behind_and_two_clients_share_the_terminal() {
     let s = session("t");
     let out = w.start(&s, &[], &["/bin/sh"]);
     assert!(out.status.success(), "{}", text(&out));
-    let sock = format!("/run/cortexfs/agent/coder/{s}/term/main.sock");
+    let sock = w.s.run_dir("coder", &s).join("term/main.sock");
     let abi = w.s.p(&format!("home/1000/agent/coder/session/{s}/terminal/main.sock"));
     assert_eq!(fs::read_link(&abi).unwrap(), Path::new(&sock), "the session's terminal/main.sock");
-    let ps = Command::new(tests::bin("ctx")).args(["agent", "ps"]).output().unwrap();
+    let ps = Command::new(tests::bin("ctx"))
+        .args(["agent", "ps", "--control"])
+        .arg(&w.s.control)
+        .output()
+        .unwrap();
     assert!(
         String::from_utf8_lossy(&ps.stdout).lines().any(|l| l.starts_with(&format!("coder\t{s}\t"))),
         "{}",
         text(&ps)
     );
-    let ps = Command::new(tests::bin("ctx")).args(["agent", "ps", "--json"]).output().unwrap();
+    let ps = Command::new(tests::bin("ctx"))
+        .args(["agent", "ps", "--json", "--control"])
+        .arg(&w.s.control)
+        .output()
+        .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&ps.stdout).unwrap();
     assert!(
         v.as_array()
@@ -182,24 +190,32 @@ fn stop_leaves_nothing_behind_and_two_clients_share_the_terminal() {
     assert!(!out.contains("NOPE4"), "a watcher cannot type: {out}");
 
     let mut watch = Command::new(tests::bin("ctx"))
-        .args(["agent", "watch", "coder", "--session", &s])
+        .args(["agent", "watch", "coder", "--session", &s, "--control"])
+        .arg(&w.s.control)
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(100));
-    let out =
-        Command::new(tests::bin("ctx")).args(["agent", "stop", "coder", "--session", &s]).output().unwrap();
+    let out = Command::new(tests::bin("ctx"))
+        .args(["agent", "stop", "coder", "--session", &s, "--control"])
+        .arg(&w.s.control)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", text(&out));
     let recorded: i32 =
-        fs::read_to_string(format!("/run/cortexfs/agent/coder/{s}/exit")).unwrap().trim().parse().unwrap();
+        fs::read_to_string(w.s.run_dir("coder", &s).join("exit")).unwrap().trim().parse().unwrap();
     assert_ne!(recorded, 0, "stopped by a signal");
     assert_eq!(watch.wait().unwrap().code(), Some(recorded), "the status reaches watchers");
     let left = Command::new("pgrep").args(["-f", "sleep 1000"]).output().unwrap();
     assert!(left.stdout.is_empty(), "no process left behind: {}", text(&left));
     assert!(!Path::new(&sock).exists(), "the socket is gone");
     let views = fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(!views.contains(&format!("/run/cortexfs/view/coder/{s} ")), "the view is gone");
-    let ps = Command::new(tests::bin("ctx")).args(["agent", "ps"]).output().unwrap();
+    assert!(!views.contains(&format!("{} ", w.s.view_dir("coder", &s).display())), "the view is gone");
+    let ps = Command::new(tests::bin("ctx"))
+        .args(["agent", "ps", "--control"])
+        .arg(&w.s.control)
+        .output()
+        .unwrap();
     assert!(!String::from_utf8_lossy(&ps.stdout).contains(&s));
 }
 
@@ -302,7 +318,16 @@ fn the_tsh_path_sees_a_read_only_ctx_and_a_command_of_its_own_a_writable_one() {
     let out = w.start(&s, &[], &[]);
     assert!(out.status.success(), "{}", text(&out));
     let sent = Command::new(tests::bin("ctx"))
-        .args(["agent", "send", "coder", "--session", &s, "shell.exec /bin/sh /workspace/probe.sh"])
+        .args([
+            "agent",
+            "send",
+            "coder",
+            "--session",
+            &s,
+            "shell.exec /bin/sh /workspace/probe.sh",
+            "--control",
+        ])
+        .arg(&w.s.control)
         .output()
         .unwrap();
     assert!(sent.status.success(), "{}", text(&sent));
@@ -324,8 +349,11 @@ fn the_tsh_path_sees_a_read_only_ctx_and_a_command_of_its_own_a_writable_one() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(fs::read_to_string(&events).unwrap().contains("\"tool.call\""), "tsh records its calls");
-    let stop =
-        Command::new(tests::bin("ctx")).args(["agent", "stop", "coder", "--session", &s]).output().unwrap();
+    let stop = Command::new(tests::bin("ctx"))
+        .args(["agent", "stop", "coder", "--session", &s, "--control"])
+        .arg(&w.s.control)
+        .output()
+        .unwrap();
     assert!(stop.status.success(), "{}", text(&stop));
     // A command of its own: the view is checked and writable.
     let out = w.start(
@@ -418,8 +446,11 @@ fn bad_mounts_are_refused_and_ceilings_applied() {
         !fs::read_to_string(group.join("cgroup.procs")).unwrap().trim().is_empty(),
         "the sandbox is in it"
     );
-    let out =
-        Command::new(tests::bin("ctx")).args(["agent", "stop", "coder", "--session", &s]).output().unwrap();
+    let out = Command::new(tests::bin("ctx"))
+        .args(["agent", "stop", "coder", "--session", &s, "--control"])
+        .arg(&w.s.control)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", text(&out));
     assert!(!group.exists(), "the group goes with the run");
 }
@@ -704,10 +735,12 @@ fn a_models_key_reaches_the_clis_environment_and_nowhere_else() {
     assert!(in_cli > 0, "the CLI has its key");
     let mut files = Vec::new();
     files_holding(&w.s.storage, needle, &mut files);
+    files_holding(&w.s.rt().join("agent"), needle, &mut files);
     files_holding(Path::new("/run/cortexfs"), needle, &mut files);
     let out = run.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     files_holding(&w.s.storage, needle, &mut files);
+    files_holding(&w.s.rt().join("agent"), needle, &mut files);
     files_holding(Path::new("/run/cortexfs"), needle, &mut files);
     assert!(!text(&out).contains(&key));
     assert!(found.is_empty() && files.is_empty(), "the key is elsewhere: {found:?} {files:?}");
@@ -822,8 +855,12 @@ fn failed_start_leaves_nothing(w: &World, s: &str, extra: &[String]) {
         .unwrap();
     assert!(!o.status.success(), "{extra:?} fails the start: {}", text(&o));
     let views = fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(!views.contains(&format!("/run/cortexfs/view/coder/{s} ")), "no view stays: {}", text(&o));
-    let run = PathBuf::from(format!("/run/cortexfs/agent/coder/{s}"));
+    assert!(
+        !views.contains(&format!("{} ", w.s.view_dir("coder", s).display())),
+        "no view stays: {}",
+        text(&o)
+    );
+    let run = w.s.run_dir("coder", s);
     for left in ["pid", "contract.json", "term", "receipt", "prepared"] {
         assert!(!run.join(left).exists(), "{left} stays in {}", run.display());
     }
@@ -838,6 +875,72 @@ fn failed_start_leaves_nothing(w: &World, s: &str, extra: &[String]) {
     let again = w.start(s, &["--wait"], &["/bin/sh", "-c", "echo again"]);
     assert!(again.status.success(), "the same session starts again: {}", text(&again));
     assert!(String::from_utf8_lossy(&again.stdout).contains("again"), "{}", text(&again));
+}
+
+/// Two daemons on one host, each with its storage and an agent of the same name, run the same
+/// session at once: each run's state is its daemon's (it was seen shared, the second start
+/// refused, and `ps`/`stop` acting on the other daemon's runs); `ps` and `stop` act on one
+/// daemon's runs only.
+#[test]
+fn two_daemons_agents_of_one_name_run_apart_and_ps_and_stop_see_their_own() {
+    let daemons = [Served::start(), Served::start()];
+    let s = session("twin");
+    let mut pids = Vec::new();
+    for d in &daemons {
+        let st = d.storage.to_str().unwrap();
+        for args in [vec!["bootstrap", st], vec!["agent", "new", "twin", "--source", st]] {
+            let o = Command::new(tests::bin("ctx")).args(&args).output().unwrap();
+            assert!(o.status.success(), "{args:?}: {}", text(&o));
+        }
+        let work = d.dir.path().join("work");
+        fs::create_dir_all(&work).unwrap();
+        fs::set_permissions(&work, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+        let o = Command::new(tests::bin("ctx"))
+            .args(["agent", "start", "twin", "--session", &s, "--ctx"])
+            .arg(&d.mnt)
+            .arg("--control")
+            .arg(&d.control)
+            .arg("--cwd")
+            .arg(&work)
+            .args(["--", "/bin/sh", "-c", "sleep 1000"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "each daemon's run starts: {}", text(&o));
+        let pid = fs::read_to_string(d.run_dir("twin", &s).join("pid")).unwrap();
+        pids.push(pid.trim().to_owned());
+    }
+    assert_ne!(pids[0], pids[1], "two supervisors");
+    let uids: Vec<String> =
+        daemons.iter().map(|d| fs::read_to_string(d.storage.join("agent/twin.d/uid")).unwrap()).collect();
+    assert_ne!(uids[0], uids[1], "two storages never give one uid");
+    let ps = |d: &Served| {
+        let o = Command::new(tests::bin("ctx"))
+            .args(["agent", "ps", "--control"])
+            .arg(&d.control)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| l.contains(&s))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    for (d, pid) in daemons.iter().zip(&pids) {
+        assert_eq!(ps(d), vec![format!("twin\t{s}\t{pid}")], "each daemon lists its own run");
+    }
+    let stop = |d: &Served| {
+        Command::new(tests::bin("ctx"))
+            .args(["agent", "stop", "twin", "--session", &s, "--control"])
+            .arg(&d.control)
+            .output()
+            .unwrap()
+    };
+    let o = stop(&daemons[0]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(ps(&daemons[0]).is_empty(), "the first daemon's run stopped");
+    assert_eq!(ps(&daemons[1]).len(), 1, "the other daemon's run goes on");
+    let o = stop(&daemons[1]);
+    assert!(o.status.success(), "{}", text(&o));
 }
 
 /// The most threads any one process has named `egress-conn` (a run's proxy connections).
@@ -980,10 +1083,11 @@ fn attach_is_a_terminal_with_a_size_and_a_detach_key() {
     fs::write(
         &script,
         format!(
-            "stty -g > {dir}/before; {ctx} agent attach coder --session {s}; st=$?; stty -g > {dir}/after; \
+            "stty -g > {dir}/before; {ctx} agent attach coder --session {s} --control {control}; st=$?; stty -g > {dir}/after; \
              echo \"status $st\" > {dir}/status.tmp; mv {dir}/status.tmp {dir}/status; sleep 30\n",
             dir = w.s.dir.path().display(),
-            ctx = ctx.display()
+            ctx = ctx.display(),
+            control = w.s.control.display()
         ),
     )
     .unwrap();
@@ -1011,10 +1115,14 @@ fn attach_is_a_terminal_with_a_size_and_a_detach_key() {
         fs::read_to_string(dir.join("after")).unwrap(),
         "the local terminal is restored"
     );
-    let ps = Command::new(&ctx).args(["agent", "ps"]).output().unwrap();
+    let ps = Command::new(&ctx).args(["agent", "ps", "--control"]).arg(&w.s.control).output().unwrap();
     assert!(String::from_utf8_lossy(&ps.stdout).contains(&s), "the run keeps going: {}", text(&ps));
     tmux(&sock, &["kill-server"]);
-    let o = Command::new(&ctx).args(["agent", "stop", "coder", "--session", &s]).output().unwrap();
+    let o = Command::new(&ctx)
+        .args(["agent", "stop", "coder", "--session", &s, "--control"])
+        .arg(&w.s.control)
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", text(&o));
 }
 
@@ -1044,7 +1152,11 @@ fn interactive(profile: &str, api: &str, ready: &str, before: &[(&str, &str)]) {
     let o = tmux(&sock, &["-f", "/dev/null", "new-session", "-d", "-s", "t", "-x", "100", "-y", "30"]);
     assert!(o.status.success(), "{}", text(&o));
     tmux(&sock, &["set", "-g", "status", "off"]);
-    let attach = format!("{} agent attach coder --session {s}; sleep 60", ctx.display());
+    let attach = format!(
+        "{} agent attach coder --session {s} --control {}; sleep 60",
+        ctx.display(),
+        w.s.control.display()
+    );
     tmux(&sock, &["respawn-pane", "-k", "-t", "t", &attach]);
     for (wait_for, keys) in before {
         until(&format!("{profile}: {wait_for}"), || screen(&sock).contains(wait_for));
@@ -1074,10 +1186,13 @@ fn interactive(profile: &str, api: &str, ready: &str, before: &[(&str, &str)]) {
     }
     tmux(&sock, &["send-keys", "-t", "t", "C-]"]);
     until("the client to leave", || screen(&sock).contains("detached"));
-    let ps = Command::new(&ctx).args(["agent", "ps"]).output().unwrap();
+    let ps = Command::new(&ctx).args(["agent", "ps", "--control"]).arg(&w.s.control).output().unwrap();
     assert!(String::from_utf8_lossy(&ps.stdout).contains(&s), "{profile} keeps running: {}", text(&ps));
     tmux(&sock, &["kill-server"]);
-    let _ = Command::new(&ctx).args(["agent", "stop", "coder", "--session", &s]).output();
+    let _ = Command::new(&ctx)
+        .args(["agent", "stop", "coder", "--session", &s, "--control"])
+        .arg(&w.s.control)
+        .output();
 }
 
 #[test]

@@ -144,7 +144,8 @@ fn the_operators_line_never_reaches_another_agents_terminal() {
     // bb's terminal runs a shell that does what it is typed.
     start_live(&s, "tsbb", &sb, &wb, "exec /bin/sh -i");
     // As seen: aa replaces its terminal socket with a link to bb's.
-    let bb_sock = format!("/run/cortexfs/agent/tsbb/{sb}/term/main.sock");
+    let bb_sock = s.run_dir("tsbb", &sb).join("term/main.sock");
+    let bb_sock = bb_sock.display();
     let script = format!(
         "sleep 1; rm -f /run/cortexfs/terminal/main.sock; ln -s {bb_sock} /run/cortexfs/terminal/main.sock; \
          touch /workspace/planted; sleep 60"
@@ -157,10 +158,12 @@ fn the_operators_line_never_reaches_another_agents_terminal() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     assert!(wa.join("planted").exists(), "aa planted its link");
-    let sent = ctx(&["agent", "send", "tsaa", "touch /workspace/pwned", "--session", &sa]);
+    let control = s.control.to_str().unwrap();
+    let sent =
+        ctx(&["agent", "send", "tsaa", "touch /workspace/pwned", "--session", &sa, "--control", control]);
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let _ = ctx(&["agent", "stop", "tsaa", "--session", &sa]);
-    let _ = ctx(&["agent", "stop", "tsbb", "--session", &sb]);
+    let _ = ctx(&["agent", "stop", "tsaa", "--session", &sa, "--control", control]);
+    let _ = ctx(&["agent", "stop", "tsbb", "--session", &sb, "--control", control]);
     assert!(!wb.join("pwned").exists(), "the operator's line ran in bb: {}", tests::shown(&sent));
     assert_eq!(sent.status.code(), Some(69), "{}", tests::shown(&sent));
 }

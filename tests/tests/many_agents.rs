@@ -519,7 +519,7 @@ fn a_lifecycle_call_that_cannot_be_recorded_fails_and_changes_nothing() {
     let before = fs::read(h.s.storage.join("agent/upd.d/system.md")).unwrap_or_default();
     fs::write(h.work.join("go"), "").unwrap();
     let o = run.wait_with_output().unwrap();
-    let log = fs::read_to_string(format!("/run/cortexfs/agent/upd/{s}/log")).unwrap_or_default();
+    let log = fs::read_to_string(h.s.run_dir("upd", &s).join("log")).unwrap_or_default();
     assert!(o.status.success(), "{}\nsupervisor: {log}", text(&o));
     let reply: serde_json::Value =
         serde_json::from_str(&fs::read_to_string(h.work.join("reply")).unwrap()).unwrap();
@@ -539,7 +539,7 @@ fn run_state_is_roots_holds_no_command_line_after_stop_and_goes_with_the_run() {
     let secret = "sekrit-4711-cmdline";
     let o = h.start("quiet", &s, &[], &["/bin/sh", "-c", "sleep 1000", secret]).output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
-    let run = PathBuf::from(format!("/run/cortexfs/agent/quiet/{s}"));
+    let run = h.s.run_dir("quiet", &s);
     let contract = run.join("contract.json");
     use std::os::unix::fs::MetadataExt;
     for f in [&contract, &run.join("log")] {
@@ -552,9 +552,9 @@ fn run_state_is_roots_holds_no_command_line_after_stop_and_goes_with_the_run() {
         .output()
         .unwrap();
     assert!(!other.status.success(), "another user cannot read the contract: {}", text(&other));
-    let view = PathBuf::from(format!("/run/cortexfs/view/quiet/{s}"));
+    let view = h.s.view_dir("quiet", &s);
     assert!(view.exists());
-    ok(&["agent", "stop", "quiet", "--session", &s]);
+    ok(&["agent", "stop", "quiet", "--session", &s, "--control", h.s.control.to_str().unwrap()]);
     assert!(!contract.exists(), "the contract goes with the run");
     let left: Vec<String> =
         fs::read_dir(&run).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
@@ -815,15 +815,16 @@ fn a_daemon_killed_under_eight_agents_loses_no_record_and_leaves_no_dead_view() 
     h.tool_policy("fs.read", &names.iter().map(|n| format!("{n}_t")).collect::<Vec<_>>());
     let s = session("k");
     /// Stops whatever is still running when the test ends, passed or not.
-    struct Stop<'a>(&'a [String], String);
+    struct Stop<'a>(&'a [String], String, String);
     impl Drop for Stop<'_> {
         fn drop(&mut self) {
             for n in self.0 {
-                let _ = ctx(&["agent", "stop", n, "--session", &self.1]);
+                let _ = ctx(&["agent", "stop", n, "--session", &self.1, "--control", &self.2]);
             }
         }
     }
-    let _stop = Stop(&names, s.clone());
+    let control = h.s.control.to_str().unwrap().to_owned();
+    let _stop = Stop(&names, s.clone(), control.clone());
     // Each agent counts the calls tsh acknowledged (both records durable) in its workspace.
     let script = "i=0; while true; do if /ctx/bin/tsh fs.read a.txt >/dev/null 2>&1; then \
                   i=$((i+1)); echo $i > /workspace/ok.$CTX_AGENT; fi; done";
@@ -844,7 +845,7 @@ fn a_daemon_killed_under_eight_agents_loses_no_record_and_leaves_no_dead_view() 
     // Every run notices, is stopped, and its session says so.
     let t = std::time::Instant::now();
     loop {
-        let ps = ctx(&["agent", "ps"]);
+        let ps = ctx(&["agent", "ps", "--control", &control]);
         let running = String::from_utf8_lossy(&ps.stdout).lines().filter(|l| l.contains(&s)).count();
         if running == 0 {
             break;
@@ -872,8 +873,9 @@ fn a_daemon_killed_under_eight_agents_loses_no_record_and_leaves_no_dead_view() 
     assert!(logged >= acked_total, "{acked_total} acknowledged, {logged} in the tool's log");
     let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
     for n in &names {
-        assert!(!mounts.contains(&format!("/run/cortexfs/view/{n}/")), "{n}: no view left mounted");
-        assert!(!Path::new(&format!("/run/cortexfs/view/{n}/{s}")).exists(), "{n}: no view directory left");
+        let view = h.s.view_dir(n, &s);
+        assert!(!mounts.contains(&format!("{} ", view.display())), "{n}: no view left mounted");
+        assert!(!view.exists(), "{n}: no view directory left");
     }
 }
 

@@ -322,15 +322,16 @@ fn agent_views_show_only_what_the_agent_may_use() {
     let out = as_nobody(format!("ls {}/home/2000", v1.display()));
     assert!(String::from_utf8_lossy(&out.stderr).contains("No such file"), "{out:?}");
 
-    // Default view paths live under /run/cortexfs/view, which only root may walk.
+    // Default view paths live under the daemon's runtime directory (its control socket's), in
+    // view/, which only root may walk.
     let session = tests::unique("t");
     let out = ctx(&["view", "create", "--agent", "coder", "--session", &session, "--control", control]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let default_path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    assert_eq!(default_path, format!("/run/cortexfs/view/coder/{session}"));
-    let mode = fs::metadata("/run/cortexfs/view").unwrap().permissions().mode() & 0o777;
+    assert_eq!(Path::new(&default_path), s.view_dir("coder", &session));
+    let mode = fs::metadata(s.rt().join("view")).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o711, "passed through, never listed");
-    let own = fs::metadata("/run/cortexfs/view/coder").unwrap();
+    let own = fs::metadata(s.rt().join("view/coder")).unwrap();
     assert_eq!((own.permissions().mode() & 0o777, own.uid()), (0o700, 1000), "the agent's own");
     assert!(ctx(&["view", "rm", &default_path, "--control", control]).status.success());
 

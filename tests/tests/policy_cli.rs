@@ -219,7 +219,7 @@ fn doctor_reports_each_broken_precondition() {
     let mut gone = Command::new("true").spawn().unwrap();
     let pid = gone.id();
     gone.wait().unwrap();
-    let run = Path::new("/run/cortexfs/agent").join(tests::unique("doctor")).join("s");
+    let run = s.rt().join("agent").join(tests::unique("doctor")).join("s");
     fs::create_dir_all(&run).unwrap();
     fs::write(run.join("pid"), pid.to_string()).unwrap();
     assert_eq!(doctor(&storage, &mnt, &control), (Some(1), vec!["runs".to_owned()]));
@@ -253,7 +253,7 @@ fn doctor_reports_each_broken_precondition() {
     // No cgroup controllers.
     assert_eq!(alone("umount -R /sys/fs/cgroup"), (Some(1), vec!["ceilings".to_owned()]));
     // A view whose daemon was killed.
-    let view = Path::new(policy::runtime::VIEW_ROOT).join(tests::unique("doctor-dead"));
+    let view = s.rt().join("view").join(tests::unique("doctor-dead"));
     let dead = format!(
         "mkdir -p {v} && {{ \"$0\" mount --source {st} {v} --control {v}.sock >/dev/null 2>&1 & }} && \
          for i in $(seq 100); do [ -e {v}/status ] && break; sleep 0.05; done && kill -9 $! && sleep 0.2",

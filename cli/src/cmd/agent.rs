@@ -93,12 +93,20 @@ pub enum Cmd {
         /// The session.
         #[arg(long, default_value = "default")]
         session: String,
+        /// The control socket of the daemon whose runs these are (its runtime directory holds
+        /// them).
+        #[arg(long, default_value = policy::runtime::CONTROL_SOCKET)]
+        control: PathBuf,
     },
     /// List running agent sessions: AGENT, SESSION, supervisor PID.
     Ps {
         /// Print a JSON array of {"agent","session","pid"} objects.
         #[arg(long)]
         json: bool,
+        /// The control socket of the daemon whose runs these are (its runtime directory holds
+        /// them).
+        #[arg(long, default_value = policy::runtime::CONTROL_SOCKET)]
+        control: PathBuf,
     },
     /// Show an agent's terminal output (read only).
     Watch {
@@ -107,6 +115,10 @@ pub enum Cmd {
         /// The session.
         #[arg(long, default_value = "default")]
         session: String,
+        /// The control socket of the daemon whose runs these are (its runtime directory holds
+        /// them).
+        #[arg(long, default_value = policy::runtime::CONTROL_SOCKET)]
+        control: PathBuf,
     },
     /// Join an agent's terminal: its output, and this terminal's input typed into it.
     Attach {
@@ -115,6 +127,10 @@ pub enum Cmd {
         /// The session.
         #[arg(long, default_value = "default")]
         session: String,
+        /// The control socket of the daemon whose runs these are (its runtime directory holds
+        /// them).
+        #[arg(long, default_value = policy::runtime::CONTROL_SOCKET)]
+        control: PathBuf,
     },
     /// Type one line into an agent's terminal.
     Send {
@@ -123,6 +139,10 @@ pub enum Cmd {
         /// The session.
         #[arg(long, default_value = "default")]
         session: String,
+        /// The control socket of the daemon whose runs these are (its runtime directory holds
+        /// them).
+        #[arg(long, default_value = policy::runtime::CONTROL_SOCKET)]
+        control: PathBuf,
         /// The line.
         text: String,
     },
@@ -489,7 +509,7 @@ fn routed(ctx: &tsh::context::Context, cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Start(a) => {
             through_tool(ctx, "agent.start", json!({"name": a.name, "session": a.session, "cmd": a.cmd}))
         }
-        Cmd::Stop { name, session } => {
+        Cmd::Stop { name, session, .. } => {
             through_tool(ctx, "agent.stop", json!({"name": name, "session": session}))
         }
         _ => Ok(()),
@@ -552,12 +572,12 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                 launch::supervise::Started::Ended => Ok(()),
             }
         }
-        Cmd::Stop { name, session } => {
-            let code = launch::stop(&name, &session).map_err(exit::launch)?;
+        Cmd::Stop { name, session, control } => {
+            let code = launch::stop(&control, &name, &session).map_err(exit::launch)?;
             out::line(format_args!("stopped agent {name} session {session} (status {code})"))
         }
-        Cmd::Ps { json } => {
-            let runs = launch::running();
+        Cmd::Ps { json, control } => {
+            let runs = launch::running(&control);
             if json {
                 let v: Vec<serde_json::Value> = runs
                     .iter()
@@ -570,14 +590,16 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Cmd::Watch { name, session } => {
-            launch::terminal::relay(&name, &session, false, &mut std::io::stdout()).map_err(exit::launch)
+        Cmd::Watch { name, session, control } => {
+            launch::terminal::relay(&control, &name, &session, false, &mut std::io::stdout())
+                .map_err(exit::launch)
         }
-        Cmd::Attach { name, session } => {
-            launch::terminal::relay(&name, &session, true, &mut std::io::stdout()).map_err(exit::launch)
+        Cmd::Attach { name, session, control } => {
+            launch::terminal::relay(&control, &name, &session, true, &mut std::io::stdout())
+                .map_err(exit::launch)
         }
-        Cmd::Send { name, session, text } => {
-            launch::terminal::send(&name, &session, &text).map_err(exit::launch)
+        Cmd::Send { name, session, text, control } => {
+            launch::terminal::send(&control, &name, &session, &text).map_err(exit::launch)
         }
         Cmd::History { name, at, json } => session::history(&at.ctx, &name, &at.session, json),
         Cmd::Output { name, at, rebuild: false } => session::output(&at.ctx, &name, &at.session),

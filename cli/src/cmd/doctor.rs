@@ -33,7 +33,7 @@ pub struct Args {
 /// Runs `ctx doctor`.
 pub fn run(a: Args) -> anyhow::Result<()> {
     if a.fix_runs {
-        for (d, r) in doctor::fix_runs() {
+        for (d, r) in doctor::fix_runs(&a.control) {
             match r {
                 Ok(()) => eprintln!("ctx: removed {}", d.display()),
                 Err(e) => eprintln!("ctx: {} stays: {e}", d.display()),

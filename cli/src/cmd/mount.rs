@@ -353,13 +353,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mount = pool
         .mount_host(Arc::new(fs), Arc::new(data), mp)
         .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("cannot mount {}: {e}", mp.display())))?;
-    let dead = server::control::clean_dead_views();
+    let dead = server::control::clean_dead_views(&policy::runtime::views_root(&a.control));
     if !dead.is_empty() {
         let shown: Vec<String> = dead.iter().map(|d| d.display().to_string()).collect();
         tracing::warn!(count = dead.len(), "removed the dead views of a previous daemon");
         eprintln!("ctx: removed {} dead view(s) of a previous daemon: {}", dead.len(), shown.join(" "));
     }
-    let views = Arc::new(server::control::Views::new(config, Arc::clone(&pool)));
+    let views = Arc::new(server::control::Views::new(
+        config,
+        Arc::clone(&pool),
+        policy::runtime::views_root(&a.control),
+    ));
     views.watch().map_err(|e| Exit::new(exit::INTERNAL, format!("cannot start the view notifier: {e}")))?;
     // Agent sockets first: a daemon is up once its control socket is.
     let storage = std::fs::canonicalize(&a.source).unwrap_or_else(|_| a.source.clone());

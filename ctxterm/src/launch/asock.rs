@@ -491,7 +491,7 @@ impl Server {
                     !s.done
                 };
                 if running {
-                    let _ = super::stop(&t.agent, &t.session);
+                    let _ = super::stop(&self.control, &t.agent, &t.session);
                     if let Some(pid) = t.state.lock().unwrap_or_else(|e| e.into_inner()).child
                         && let Some(p) = rustix::process::Pid::from_raw(pid as i32)
                     {
@@ -718,8 +718,8 @@ impl Server {
             Some(space) => self.ctx.join(runtime::shared_session_path(space, agent, &s.session)),
             None => runtime::session_dir(&self.ctx, uid, agent, &s.session),
         };
-        if let Err(e) = session::prepare(&self.ctx, &dir, uid, gid, s.space.is_some(), agent, &s.session, cwd)
-        {
+        let term = runtime::run_dir(&self.control, agent, &s.session).join("term/main.sock");
+        if let Err(e) = session::prepare(&self.ctx, &dir, uid, gid, s.space.is_some(), cwd, &term) {
             return fail("EIO", e.to_string());
         }
         let records = read_records(&dir);

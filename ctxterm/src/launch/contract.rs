@@ -498,14 +498,14 @@ pub fn derive(s: &Start) -> Result<Contract> {
         gid,
         groups,
         network,
-        view: runtime::view_dir(&s.agent, &s.session),
+        view: runtime::view_dir(&s.control, &s.agent, &s.session),
         workspace,
         mounts,
         cwd,
         timeout,
         env,
         cmd,
-        runtime: runtime::run_dir(&s.agent, &s.session),
+        runtime: runtime::run_dir(&s.control, &s.agent, &s.session),
         control: s.control.clone(),
         grace: s.grace,
         session_of,
@@ -520,8 +520,9 @@ pub fn derive(s: &Start) -> Result<Contract> {
         ctx: s.ctx.clone(),
         records_only,
         warnings,
-        home: (!records_only)
-            .then(|| runtime::agent_home(&runtime::view_dir(&s.agent, &s.session), uid, &s.agent)),
+        home: (!records_only).then(|| {
+            runtime::agent_home(&runtime::view_dir(&s.control, &s.agent, &s.session), uid, &s.agent)
+        }),
         home_dirs,
         home_files,
         home_seed,

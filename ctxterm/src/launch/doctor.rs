@@ -62,9 +62,9 @@ pub fn run(h: &Host<'_>) -> Vec<Check> {
         storage(h.storage),
         daemon(h.control),
         mount(h.ctx),
-        dead_views(),
+        dead_views(h.control),
         labels(h.storage),
-        runs(),
+        runs(h.control),
     ];
     out.retain(|c| !c.detail.is_empty() || !c.ok);
     out
@@ -141,12 +141,13 @@ fn mount(ctx: &Path) -> Check {
     )
 }
 
-fn dead_views() -> Check {
+fn dead_views(control: &Path) -> Check {
+    let root = runtime::views_root(control);
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(); // root's: /proc
     let dead: Vec<String> = info
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .filter(|m| m.starts_with(runtime::VIEW_ROOT))
+        .filter(|m| Path::new(m).starts_with(&root))
         .filter(|m| {
             matches!(rustix::fs::statfs(*m), Err(rustix::io::Errno::NOTCONN | rustix::io::Errno::CONNABORTED))
         })
@@ -189,14 +190,16 @@ fn labels(storage: &Path) -> Check {
     )
 }
 
-/// The run directories whose supervisor is gone (a `pid` file and no such process).
-pub fn stale_runs() -> Vec<PathBuf> {
+/// The run directories of the daemon of `control` whose supervisor is gone (a `pid` file and
+/// no such process).
+pub fn stale_runs(control: &Path) -> Vec<PathBuf> {
     let mut left: Vec<PathBuf> = Vec::new();
-    let Ok(root) = Tree::open(Path::new(runtime::AGENT_RUNTIME)) else { return left };
+    let runs = runtime::runs_root(control);
+    let Ok(root) = Tree::open(&runs) else { return left };
     for a in root.names(usize::MAX).unwrap_or_default() {
         let Ok(agent) = root.sub(&a) else { continue };
         for s in agent.names(usize::MAX).unwrap_or_default() {
-            let d = Path::new(runtime::AGENT_RUNTIME).join(&a).join(&s);
+            let d = runs.join(&a).join(&s);
             if agent.exists(Path::new(&s).join("pid")) && rundir::supervisor(&d).is_none() {
                 left.push(d);
             }
@@ -209,8 +212,8 @@ pub fn stale_runs() -> Vec<PathBuf> {
 /// Removes the run state of supervisors that are gone: each run's mounts (its workspace, its
 /// pins) are detached first, and the removal never follows a link or crosses a mount.
 /// Returns what was removed, and what could not be with why.
-pub fn fix_runs() -> Vec<(PathBuf, Result<(), String>)> {
-    stale_runs()
+pub fn fix_runs(control: &Path) -> Vec<(PathBuf, Result<(), String>)> {
+    stale_runs(control)
         .into_iter()
         .map(|d| {
             rundir::unmount_below(&d);
@@ -220,8 +223,8 @@ pub fn fix_runs() -> Vec<(PathBuf, Result<(), String>)> {
         .collect()
 }
 
-fn runs() -> Check {
-    let left = stale_runs();
+fn runs(control: &Path) -> Check {
+    let left = stale_runs(control);
     check(
         "runs",
         if left.is_empty() {

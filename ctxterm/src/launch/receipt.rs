@@ -329,7 +329,7 @@ impl Run {
         if matches!(self.child_status(child, session).as_str(), "done" | "error" | "cancelled") {
             return;
         }
-        if let Err(e) = rundir::stop(child, session) {
+        if let Err(e) = rundir::stop(&self.control, child, session) {
             eprintln!("ctx: stopping agent {child} session {session}: {e}");
         }
         self.set_status(child, session, "cancelled");
@@ -346,7 +346,7 @@ impl Run {
             if self.child_status(child, session) != "active" {
                 continue;
             }
-            if let Some(code) = rundir::exit_of(child, session) {
+            if let Some(code) = rundir::exit_of(&self.control, child, session) {
                 self.set_status(child, session, if code == 0 { "done" } else { "error" });
             }
         }

@@ -1,4 +1,5 @@
-//! The run directory, `/run/cortexfs/agent/<agent>/<session>/`: `pid` (the supervisor),
+//! The run directory, `agent/<agent>/<session>/` in the daemon's runtime directory
+//! (`/run/cortexfs/agent/<agent>/<session>/` for the default daemon): `pid` (the supervisor),
 //! `log` and `contract.json` (root's, 0600), `exit` (the terminal's status), `term/` and
 //! `receipt/` (the agent's socket directories, bound into the sandbox), and what the
 //! supervisor prepares there (`workspace`, `mounts/`, `seccomp.bpf`). What stays of a run that
@@ -32,9 +33,10 @@ pub fn supervisor(run: &Path) -> Option<i32> {
     alive(pid).then_some(pid)
 }
 
-/// The recorded exit status of a finished agent session, if it has finished.
-pub fn exit_of(agent: &str, session: &str) -> Option<i32> {
-    let run = runtime::run_dir(agent, session);
+/// The recorded exit status of a finished agent session of the daemon of `control`, if it
+/// has finished.
+pub fn exit_of(control: &Path, agent: &str, session: &str) -> Option<i32> {
+    let run = runtime::run_dir(control, agent, session);
     if supervisor(&run).is_some() {
         return None;
     }
@@ -62,13 +64,21 @@ pub fn prepare(c: &Contract) -> Result<()> {
     unmount_below(&c.runtime);
     remove(&c.runtime)?;
     let agents = (Some(rustix::fs::Uid::from_raw(c.uid)), Some(rustix::fs::Gid::from_raw(c.gid)));
-    // From /run down, each level is root's: made (0711: passed through, not listed) beneath
-    // the one above it; the socket directories below it are the agent's (0700).
-    let rel = c
-        .runtime
-        .strip_prefix("/run")
-        .map_err(|_| Error::Internal(format!("{}: not below /run", c.runtime.display())))?;
-    let mut t = Tree::open(Path::new("/run")).map_err(at(&c.runtime))?;
+    // From the daemon's runtime directory (its control socket's, root's and writable by no one
+    // else) down, each level is root's: made (0711: passed through, not listed) beneath the
+    // one above it; the socket directories below it are the agent's (0700).
+    let base = runtime::daemon_dir(&c.control);
+    let rel = c.runtime.strip_prefix(base).map_err(|_| {
+        Error::Internal(format!("{}: not below the daemon's {}", c.runtime.display(), base.display()))
+    })?;
+    let mut t = Tree::open(base).map_err(at(&c.runtime))?;
+    let st = t.stat("").map_err(at(base))?;
+    if st.st_uid != 0 || st.st_mode & 0o022 != 0 {
+        return Err(Error::State(format!(
+            "{}: the daemon's runtime directory must be root's and writable by no one else",
+            base.display()
+        )));
+    }
     for part in rel.components() {
         t = t.make_dirs(part, 0o711).map_err(at(&c.runtime))?;
         t.chmod(0o711).map_err(at(&c.runtime))?;
@@ -144,14 +154,15 @@ pub fn write_pid(c: &Contract, pid: u32) -> Result<()> {
         .map_err(at(&p))
 }
 
-/// The runs under way: (agent, session, supervisor pid), sorted.
-pub fn running() -> Vec<(String, String, i32)> {
+/// The runs of the daemon of `control` under way: (agent, session, supervisor pid), sorted.
+pub fn running(control: &Path) -> Vec<(String, String, i32)> {
     let mut out = Vec::new();
-    let Ok(root) = Tree::open(Path::new(runtime::AGENT_RUNTIME)) else { return out };
+    let runs = runtime::runs_root(control);
+    let Ok(root) = Tree::open(&runs) else { return out };
     for a in root.names(usize::MAX).unwrap_or_default() {
         let Ok(agent) = root.sub(&a) else { continue };
         for s in agent.names(usize::MAX).unwrap_or_default() {
-            if let Some(pid) = supervisor(&Path::new(runtime::AGENT_RUNTIME).join(&a).join(&s)) {
+            if let Some(pid) = supervisor(&runs.join(&a).join(&s)) {
                 out.push((a.to_string_lossy().into_owned(), s.to_string_lossy().into_owned(), pid));
             }
         }
@@ -162,8 +173,8 @@ pub fn running() -> Vec<(String, String, i32)> {
 
 /// Stops a run: SIGTERM to its supervisor, which stops the sandbox (grace, then SIGKILL) and
 /// records its status; returns that status once the supervisor has ended.
-pub fn stop(agent: &str, session: &str) -> Result<String> {
-    let run = runtime::run_dir(agent, session);
+pub fn stop(control: &Path, agent: &str, session: &str) -> Result<String> {
+    let run = runtime::run_dir(control, agent, session);
     let Some(pid) = supervisor(&run) else {
         return Err(Error::State(format!("agent {agent} session {session} is not running")));
     };

@@ -102,9 +102,8 @@ pub fn prepare(
     uid: u32,
     gid: u32,
     shared: bool,
-    agent: &str,
-    session: &str,
     cwd: &str,
+    terminal: &Path,
 ) -> Result<()> {
     let rel =
         d.strip_prefix(ctx).map_err(|_| at(d)(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
@@ -168,8 +167,7 @@ pub fn prepare(
     let term = sub_dir(&dir, "terminal").map_err(at(d))?;
     own(&term, true, group).map_err(at(d))?;
     let _ = rustix::fs::unlinkat(&term, "main.sock", AtFlags::empty());
-    let target = runtime::run_dir(agent, session).join("term/main.sock");
-    rustix::fs::symlinkat(&target, &term, "main.sock")
+    rustix::fs::symlinkat(terminal, &term, "main.sock")
         .map_err(|e| at(&d.join("terminal/main.sock"))(e.into()))?;
     for log in ["messages.jsonl", "events.jsonl"] {
         let p = d.join(log);

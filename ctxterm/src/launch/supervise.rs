@@ -79,9 +79,8 @@ fn launch(s: &Start, c: &Contract, view_made: &mut bool) -> Result<std::process:
         c.uid,
         c.gid,
         c.space.is_some(),
-        &c.agent,
-        &c.session,
         cwd,
+        &c.runtime.join("term/main.sock"),
     )?;
     // The agent's persistent home, with what its profile keeps there.
     if c.home.is_some() {

@@ -3,6 +3,7 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use policy::runtime;
@@ -12,8 +13,8 @@ use super::{Error, Result, rundir};
 /// Connects to the run's terminal socket. Its directory is the agent's (bound into the
 /// sandbox), so the socket is reached beneath the run's directory without following a link,
 /// and only when it is a socket of the run's uid (the contract, root's, says which).
-fn connect_to(agent: &str, session: &str) -> Result<UnixStream> {
-    let run = runtime::run_dir(agent, session);
+fn connect_to(control: &Path, agent: &str, session: &str) -> Result<UnixStream> {
+    let run = runtime::run_dir(control, agent, session);
     let unavailable = |e: &dyn std::fmt::Display| {
         Error::Unavailable(format!("{}: {e} (is the agent running?)", run.join("term/main.sock").display()))
     };
@@ -82,9 +83,9 @@ fn window() -> Option<(u16, u16)> {
 /// fails with the terminal's status when it is not 0. Attached from a terminal, the local
 /// terminal is raw for the length of it (restored on every way out), the window size goes to
 /// the agent's PTY when attaching and on each SIGWINCH, and [`DETACH_KEY`] leaves the run
-/// going.
-pub fn relay(agent: &str, session: &str, attach: bool, out: &mut dyn Write) -> Result<()> {
-    let mut s = connect_to(agent, session)?;
+/// going. The run is one of the daemon whose control socket is `control`.
+pub fn relay(control: &Path, agent: &str, session: &str, attach: bool, out: &mut dyn Write) -> Result<()> {
+    let mut s = connect_to(control, agent, session)?;
     let size = if attach { window() } else { None };
     match (attach, size) {
         (true, Some((c, r))) => s.write_all(format!("attach {c}x{r}\n").as_bytes())?,
@@ -94,11 +95,11 @@ pub fn relay(agent: &str, session: &str, attach: bool, out: &mut dyn Write) -> R
     let detached = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let raw = if attach && std::io::IsTerminal::is_terminal(&std::io::stdin()) { Raw::enter() } else { None };
     if raw.is_some() {
-        let (agent, session) = (agent.to_owned(), session.to_owned());
+        let (control, agent, session) = (control.to_owned(), agent.to_owned(), session.to_owned());
         if let Ok(mut winch) = signal_hook::iterator::Signals::new([signal_hook::consts::SIGWINCH]) {
             std::thread::spawn(move || {
                 for _ in winch.forever() {
-                    if let (Some((c, r)), Ok(mut conn)) = (window(), connect_to(&agent, &session)) {
+                    if let (Some((c, r)), Ok(mut conn)) = (window(), connect_to(&control, &agent, &session)) {
                         let _ = conn.write_all(format!("resize {c}x{r}\n").as_bytes());
                     }
                 }
@@ -146,7 +147,7 @@ pub fn relay(agent: &str, session: &str, attach: bool, out: &mut dyn Write) -> R
         return Ok(());
     }
     // The terminal ended: its status is the watcher's too, once the supervisor recorded it.
-    let run = runtime::run_dir(agent, session);
+    let run = runtime::run_dir(control, agent, session);
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(5) {
         if let Some(code) = rundir::recorded_exit::<u8>(&run) {
@@ -157,9 +158,9 @@ pub fn relay(agent: &str, session: &str, attach: bool, out: &mut dyn Write) -> R
     Ok(())
 }
 
-/// Types one line into the terminal.
-pub fn send(agent: &str, session: &str, text: &str) -> Result<()> {
-    let mut s = connect_to(agent, session)?;
+/// Types one line into the terminal of a run of the daemon of `control`.
+pub fn send(control: &Path, agent: &str, session: &str, text: &str) -> Result<()> {
+    let mut s = connect_to(control, agent, session)?;
     s.write_all(b"attach\n")?;
     s.write_all(text.as_bytes())?;
     s.write_all(b"\r")?;
