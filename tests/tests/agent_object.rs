@@ -202,6 +202,29 @@ fn defaults_are_an_identity_of_its_own_and_deny_everything() {
     assert_eq!(fs::read_to_string(s.join("agent/labelled.d/label")).unwrap(), "custom_t\n");
 }
 
+/// Agents made at once in eight storages of one host get eight different ids: the host-wide
+/// record is read and written under its lock.
+#[test]
+fn agents_made_at_once_in_many_storages_never_share_an_id() {
+    let dirs: Vec<tempfile::TempDir> = (0..8).map(|_| tempfile::tempdir().unwrap()).collect();
+    let made: Vec<Output> = std::thread::scope(|sc| {
+        let hs: Vec<_> =
+            dirs.iter().map(|d| sc.spawn(|| ctx(d.path(), &["agent", "new", "same-name"]))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut ids: Vec<u32> = made
+        .iter()
+        .zip(&dirs)
+        .map(|(o, d)| {
+            ok(o);
+            fs::read_to_string(d.path().join("agent/same-name.d/uid")).unwrap().trim().parse().unwrap()
+        })
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 8, "one id each: {ids:?}");
+}
+
 #[test]
 fn ls_inspect_and_rm() {
     let d = tempfile::tempdir().unwrap();

@@ -54,6 +54,26 @@ fn ids_in(path: &str) -> Vec<u32> {
 /// from each storage's agents, so two storages' agents never get the same uid.
 pub const HOST_IDS: &str = "/var/lib/cortexfs/agent-ids";
 
+/// Holds [`HOST_IDS`]'s lock (an exclusive `flock` on the file itself) until dropped: one
+/// allocation on the host at a time, so two storages' `agent new` at once never pick one id.
+fn lock_host_ids() -> Result<std::fs::File> {
+    let p = Path::new(HOST_IDS);
+    if let Some(d) = p.parent() {
+        std::fs::create_dir_all(d).map_err(|e| Error::Internal(format!("{}: {e}", d.display())))?;
+    }
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(true)
+        .mode(0o644)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(p)
+        .map_err(|e| Error::Internal(format!("{HOST_IDS}: {e}")))?;
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| Error::Internal(format!("{HOST_IDS}: locking: {e}")))?;
+    Ok(f)
+}
+
 /// The ids [`HOST_IDS`] records.
 fn host_ids() -> Vec<u32> {
     let mut text = String::new();
@@ -323,8 +343,10 @@ pub fn create_as(storage: &Path, mut a: Spec, allow_root: bool) -> Result<String
     if std::fs::symlink_metadata(dir.join(&name)).is_ok() {
         return Err(Error::State(format!("agent/{name} already exists")));
     }
-    // An agent of its own gets an identity of its own (a child shares its parent's).
+    // An agent of its own gets an identity of its own (a child shares its parent's), chosen
+    // and recorded under the host-wide lock.
     let mut given = None;
+    let _ids = if a.uid.is_none() { Some(lock_host_ids()?) } else { None };
     if a.uid.is_none() {
         let id = free_id(storage)?;
         a.uid = Some(id);
@@ -411,6 +433,7 @@ pub fn give_identity(storage: &Path, name: &str) -> Result<Option<u32>> {
     if read_control(&d.join("uid")).is_some() {
         return Ok(None);
     }
+    let _ids = lock_host_ids()?;
     let id = free_id(storage)?;
     for c in ["uid", "gid"] {
         let f = d.join(c);
