@@ -96,6 +96,15 @@ impl Tree {
         Ok(Tree { fd, path: self.shown(rel) })
     }
 
+    /// Makes the directory `name` in this one with `mode`, failing (`EEXIST`) when something is
+    /// there already; returns it.
+    pub fn make_dir(&self, name: impl AsRef<Path>, mode: u32) -> io::Result<Tree> {
+        let name = name.as_ref();
+        rustix::fs::mkdirat(&self.fd, name, Mode::from_raw_mode(mode))
+            .map_err(|e| named(&self.shown(name), err(e)))?;
+        self.sub(name)
+    }
+
     /// The directory `rel` below this one, made (each missing level with `mode`) if missing.
     pub fn make_dirs(&self, rel: impl AsRef<Path>, mode: u32) -> io::Result<Tree> {
         let rel = rel.as_ref();
@@ -171,6 +180,12 @@ impl Tree {
         self.file(rel, OFlags::WRONLY | OFlags::APPEND, 0)?
             .write_all(bytes)
             .map_err(|e| named(&self.shown(rel), e))
+    }
+
+    /// Renames `from` to `to`, both in this directory (replacing what `to` names).
+    pub fn rename(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<()> {
+        let (from, to) = (from.as_ref(), to.as_ref());
+        rustix::fs::renameat(&self.fd, from, &self.fd, to).map_err(|e| named(&self.shown(to), err(e)))
     }
 
     /// Sets the owner of the tree's own directory.

@@ -144,3 +144,40 @@ fn two_agents_write_one_shared_session_and_a_third_sees_nothing_of_it() {
     ok(ctx(&["shared", "rm", "team", "--force", "--source", &st]), "shared rm --force");
     assert!(!s.storage.join("shared/team").exists());
 }
+
+/// `ctx shared rm --force` removes the space beneath the storage and never across a mount or
+/// through a link: a directory bound inside the space (as a run's leftover bind would be) and
+/// a link an agent planted there keep what they show; the space stays until the mount goes.
+#[test]
+fn removing_a_space_never_crosses_a_mount_or_follows_a_link() {
+    let d = tempfile::tempdir().unwrap();
+    let st = d.path().join("storage");
+    let st_s = st.to_str().unwrap();
+    ok(ctx(&["bootstrap", st_s]), "bootstrap");
+    ok(ctx(&["shared", "new", "gone", "--group", "3310", "--source", st_s]), "shared new");
+    let space = st.join("shared/gone");
+    for (rel, mode) in [("", 0o2770), ("tool", 0o2750), ("data", 0o2770), ("queue/pending", 0o2770)] {
+        let m = fs::metadata(space.join(rel)).unwrap();
+        assert_eq!((m.mode() & 0o7777, m.gid()), (mode, 3310), "{rel}: made with its owner and mode");
+    }
+    let precious = d.path().join("precious");
+    fs::create_dir_all(&precious).unwrap();
+    fs::write(precious.join("keep"), "the operator's\n").unwrap();
+    std::os::unix::fs::symlink(&precious, space.join("data/link")).unwrap();
+    fs::create_dir_all(space.join("data/bound")).unwrap();
+    let bound =
+        Command::new("mount").arg("--bind").arg(&precious).arg(space.join("data/bound")).status().unwrap();
+    assert!(bound.success());
+    let o = ctx(&["shared", "rm", "gone", "--force", "--source", st_s]);
+    let _ = Command::new("umount").arg("-l").arg(space.join("data/bound")).status();
+    assert_eq!(
+        fs::read_to_string(precious.join("keep")).unwrap(),
+        "the operator's\n",
+        "{}",
+        tests::shown(&o)
+    );
+    assert!(!o.status.success(), "a mount inside stops the removal: {}", tests::shown(&o));
+    ok(ctx(&["shared", "rm", "gone", "--force", "--source", st_s]), "once the mount is gone");
+    assert!(!space.exists());
+    assert_eq!(fs::read_to_string(precious.join("keep")).unwrap(), "the operator's\n");
+}

@@ -8,7 +8,6 @@
 //! make keeps the group), so an agent whose `groups` hold that group and whose policy grants
 //! `shared:<space> write` uses it without any chown by hand.
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use policy::v0::{Class, Permission, Policy, Query};
@@ -73,12 +72,14 @@ fn valid(space: &str) -> anyhow::Result<()> {
 
 /// The agents of `storage` whose policy grants `shared:<space>` write, or else read.
 fn granted(storage: &Path, space: &str) -> Vec<(String, &'static str)> {
+    // root's: the storage's agent/ and the agents' controls
     let Ok(rd) = std::fs::read_dir(storage.join("agent")) else { return Vec::new() };
     let mut v = Vec::new();
     for e in rd.flatten() {
         let Some(name) = e.file_name().to_str().and_then(|n| n.strip_suffix(".d")).map(str::to_owned) else {
             continue;
         };
+        // root's: an agent's controls in the storage
         let read = |c: &str| std::fs::read_to_string(e.path().join(c)).unwrap_or_default();
         let label = read("label").trim().to_owned();
         let Ok(p) = Policy::from_text(read("policy").as_bytes()) else { continue };
@@ -101,6 +102,7 @@ pub fn run(c: Cmd) -> anyhow::Result<()> {
         Cmd::New { space, group, owner, mode, source } => {
             valid(&space)?;
             let root = source.join("shared");
+            // root's: the storage's shared/
             if !root.is_dir() {
                 return Err(Exit::new(
                     exit::FAILURE,
@@ -108,37 +110,41 @@ pub fn run(c: Cmd) -> anyhow::Result<()> {
                 )
                 .into());
             }
+            // Made beneath the storage's shared/ (root's), every level root's (0700) until all
+            // are made; owners and modes are then set on descriptors, the space's own directory
+            // last: nothing is done by name in a directory its owner could already change.
             let dir = root.join(&space);
-            match std::fs::create_dir(&dir) {
-                Ok(()) => {}
+            let shared = ctxterm::beneath::Tree::open(&root).map_err(|e| Exit::io(root.display(), &e))?;
+            let top = match shared.make_dir(&space, 0o700) {
+                Ok(t) => t,
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                     return Err(
                         Exit::new(exit::FAILURE, format!("shared space {space} already exists")).into()
                     );
                 }
                 Err(e) => return Err(Exit::io(dir.display(), &e).into()),
-            }
-            let mut made = vec![dir.clone()];
+            };
+            let mut made = Vec::new();
             for d in ["tool", "data", "queue", "agent"] {
-                made.push(dir.join(d));
+                made.push((
+                    d.to_owned(),
+                    top.make_dirs(d, 0o700).map_err(|e| Exit::io(dir.join(d).display(), &e))?,
+                ));
             }
             for d in ringfs::queue::DIRS {
-                made.push(dir.join("queue").join(d));
+                let rel = format!("queue/{d}");
+                made.push((
+                    rel.clone(),
+                    top.make_dirs(&rel, 0o700).map_err(|e| Exit::io(dir.join(&rel).display(), &e))?,
+                ));
             }
-            for d in &made {
-                if d != &dir {
-                    std::fs::create_dir(d).map_err(|e| Exit::io(d.display(), &e))?;
-                }
-                rustix::fs::chown(
-                    d,
-                    Some(rustix::fs::Uid::from_raw(owner)),
-                    Some(rustix::fs::Gid::from_raw(group)),
-                )
-                .map_err(|e| Exit::io(d.display(), &e.into()))?;
+            made.push((String::new(), top));
+            for (rel, t) in &made {
+                let shown = dir.join(rel);
+                t.chown(owner, group).map_err(|e| Exit::io(shown.display(), &e))?;
                 // tool/ is the space's to install into, not its members' to write.
-                let m = if *d == dir.join("tool") { mode & !0o022 | 0o050 } else { mode };
-                std::fs::set_permissions(d, std::fs::Permissions::from_mode(m))
-                    .map_err(|e| Exit::io(d.display(), &e))?;
+                let m = if rel == "tool" { mode & !0o022 | 0o050 } else { mode };
+                t.chmod(m).map_err(|e| Exit::io(shown.display(), &e))?;
             }
             out::line(format!(
                 "created shared/{space} (owner {owner}, group {group}, mode {mode:o}): grant it with \
@@ -147,28 +153,34 @@ pub fn run(c: Cmd) -> anyhow::Result<()> {
         }
         Cmd::Ls { json, source } => {
             let mut rows = Vec::new();
-            let mut names: Vec<String> = std::fs::read_dir(source.join("shared"))
-                .map_err(|e| Exit::io(source.join("shared").display(), &e))?
-                .flatten()
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                .filter_map(|e| e.file_name().into_string().ok())
+            let root = source.join("shared");
+            let shared = ctxterm::beneath::Tree::open(&root).map_err(|e| Exit::io(root.display(), &e))?;
+            let mut names: Vec<String> = shared
+                .names(usize::MAX)
+                .map_err(|e| Exit::io(root.display(), &e))?
+                .into_iter()
+                .filter_map(|n| n.into_string().ok())
                 .collect();
             names.sort();
             for n in names {
-                let Ok(m) = std::fs::metadata(source.join("shared").join(&n)) else { continue };
+                // Its own status, never a link's target.
+                let Ok(m) = shared.stat(&n) else { continue };
+                if rustix::fs::FileType::from_raw_mode(m.st_mode) != rustix::fs::FileType::Directory {
+                    continue;
+                }
                 let agents = granted(&source, &n);
                 if json {
                     let agents: Vec<_> =
                         agents.iter().map(|(a, p)| serde_json::json!({"agent": a, "access": p})).collect();
-                    rows.push(serde_json::json!({"space": n, "owner": m.uid(), "group": m.gid(),
-                        "mode": format!("{:o}", m.mode() & 0o7777), "agents": agents}));
+                    rows.push(serde_json::json!({"space": n, "owner": m.st_uid, "group": m.st_gid,
+                        "mode": format!("{:o}", m.st_mode & 0o7777), "agents": agents}));
                 } else {
                     let shown: Vec<String> = agents.iter().map(|(a, p)| format!("{a}:{p}")).collect();
                     out::line(format!(
                         "{n}\t{}\t{}\t{:o}\t{}",
-                        m.uid(),
-                        m.gid(),
-                        m.mode() & 0o7777,
+                        m.st_uid,
+                        m.st_gid,
+                        m.st_mode & 0o7777,
                         if shown.is_empty() { "-".to_owned() } else { shown.join(",") }
                     ))?;
                 }
@@ -181,11 +193,12 @@ pub fn run(c: Cmd) -> anyhow::Result<()> {
         Cmd::Rm { space, force, source } => {
             valid(&space)?;
             let dir = source.join("shared").join(&space);
-            if !dir.is_dir() {
+            let root = source.join("shared");
+            let Ok(top) = ctxterm::beneath::Tree::open(&root).and_then(|t| t.sub(&space)) else {
                 return Err(Exit::new(exit::FAILURE, format!("no shared space {space}")).into());
-            }
+            };
             if !force {
-                let busy = walkdir_nonempty(&dir);
+                let busy = first_file(&top);
                 if let Some(p) = busy {
                     return Err(Exit::new(
                         exit::FAILURE,
@@ -194,20 +207,31 @@ pub fn run(c: Cmd) -> anyhow::Result<()> {
                     .into());
                 }
             }
-            std::fs::remove_dir_all(&dir).map_err(|e| Exit::io(dir.display(), &e))?;
+            // Beneath the storage's shared/ (root's), never following a link or crossing a mount.
+            drop(top);
+            ctxterm::beneath::Tree::open(&root)
+                .and_then(|t| t.remove_all(&space))
+                .map_err(|e| Exit::io(dir.display(), &e))?;
             out::line(format!("removed shared/{space}"))
         }
     }
 }
 
-/// The first file (not a directory) under `dir`, if any.
-fn walkdir_nonempty(dir: &Path) -> Option<PathBuf> {
-    let mut stack = vec![dir.to_path_buf()];
+/// The first entry (not a directory) below the tree `top`, if any: walked beneath it, never
+/// through a link.
+fn first_file(top: &ctxterm::beneath::Tree) -> Option<PathBuf> {
+    let mut stack = vec![PathBuf::new()];
     while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).ok()?.flatten() {
-            match e.file_type() {
-                Ok(t) if t.is_dir() => stack.push(e.path()),
-                _ => return Some(e.path()),
+        let t = if d.as_os_str().is_empty() { top.sub(".").ok()? } else { top.sub(&d).ok()? };
+        for n in t.names(usize::MAX).ok()? {
+            let rel = d.join(&n);
+            match top.stat(&rel) {
+                Ok(st)
+                    if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory =>
+                {
+                    stack.push(rel)
+                }
+                _ => return Some(top.path().join(rel)),
             }
         }
     }

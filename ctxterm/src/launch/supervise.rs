@@ -157,58 +157,43 @@ fn launch(s: &Start, c: &Contract, view_made: &mut bool) -> Result<std::process:
 /// without following any, each directory below it by name without following it), files are
 /// made new and renamed over whatever is at their name, and everything is the agent's.
 fn prepare_profile(h: &Path, c: &Contract) -> std::io::Result<()> {
-    use rustix::fs::{AtFlags, Mode, OFlags};
-    let own = |fd: &std::os::fd::OwnedFd| {
-        rustix::fs::fchown(fd, Some(rustix::fs::Uid::from_raw(c.uid)), Some(rustix::fs::Gid::from_raw(c.gid)))
+    use rustix::fs::OFlags;
+    let own = |f: &std::fs::File| {
+        rustix::fs::fchown(f, Some(rustix::fs::Uid::from_raw(c.uid)), Some(rustix::fs::Gid::from_raw(c.gid)))
     };
-    let dir_flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC;
-    let home = std::os::fd::OwnedFd::from(Tree::open(h)?);
-    let dir_of = |rel: &str| -> std::io::Result<std::os::fd::OwnedFd> {
-        let mut fd = rustix::fs::openat(&home, ".", dir_flags, Mode::empty())?;
+    let home = Tree::open(h)?;
+    let dir_of = |rel: &str| -> std::io::Result<Tree> {
+        let mut t = home.sub(".")?;
         for part in rel.split('/').filter(|p| !p.is_empty()) {
-            match rustix::fs::mkdirat(&fd, part, Mode::from_raw_mode(0o700)) {
-                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-                Err(e) => return Err(e.into()),
-            }
-            fd = rustix::fs::openat(&fd, part, dir_flags, Mode::empty())?;
-            own(&fd)?;
+            t = t.make_dirs(part, 0o700)?;
+            t.chown(c.uid, c.gid)?;
         }
-        Ok(fd)
+        Ok(t)
     };
+    let made = OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY;
     for d in &c.home_dirs {
         dir_of(d)?;
     }
     for (rel, text) in &c.home_seed {
         let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel.as_str()));
-        let dfd = dir_of(dir)?;
-        match rustix::fs::openat(
-            &dfd,
-            name,
-            OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o600),
-        ) {
-            Ok(fd) => {
-                own(&fd)?;
-                std::fs::File::from(fd).write_all(text.as_bytes())?;
+        match dir_of(dir)?.file(name, made, 0o600) {
+            Ok(mut f) => {
+                own(&f)?;
+                f.write_all(text.as_bytes())?;
             }
-            Err(rustix::io::Errno::EXIST) => {}
-            Err(e) => return Err(e.into()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
         }
     }
     for (rel, text) in &c.home_files {
         let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel.as_str()));
-        let dfd = dir_of(dir)?;
+        let t = dir_of(dir)?;
         let tmp = format!(".{name}.cortexfs.{}", std::process::id());
-        let _ = rustix::fs::unlinkat(&dfd, tmp.as_str(), AtFlags::empty());
-        let fd = rustix::fs::openat(
-            &dfd,
-            tmp.as_str(),
-            OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o600),
-        )?;
-        own(&fd)?;
-        std::fs::File::from(fd).write_all(text.as_bytes())?;
-        rustix::fs::renameat(&dfd, tmp.as_str(), &dfd, name)?;
+        let _ = t.remove(&tmp);
+        let mut f = t.file(&tmp, made, 0o600)?;
+        own(&f)?;
+        f.write_all(text.as_bytes())?;
+        t.rename(&tmp, name)?;
     }
     Ok(())
 }
