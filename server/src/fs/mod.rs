@@ -323,7 +323,7 @@ pub struct CtxFs {
 /// The most bytes of one line of a session or object log written through any connection,
 /// its newline included: the least a view's kernel sends of a longer write in one request, so
 /// a line this long or shorter reaches a view's daemon whole, and a longer one is refused at
-/// its first piece (see [`CtxFs::log_piece`]).
+/// its first piece (see `CtxFs::log_piece`).
 pub const LINE_MAX: usize = (1 << 20) - 4096;
 
 /// What becomes of one piece of a log write (see [`CtxFs::log_piece`]).
