@@ -1155,6 +1155,26 @@ mod tests {
         assert_eq!(q.finish(c, b"{}", false).unwrap(), Finish::Fenced, "fenced by its descriptor");
     }
 
+    /// Commit once, whatever copies a crash left: a job already in `done/` whose request is
+    /// back in `pending/` (a move by link and unlink stopped between the two, then requeued)
+    /// is run again by the next worker, whose commit is refused and never replaces the first
+    /// one's request or result.
+    #[test]
+    fn a_second_commit_of_one_job_never_replaces_the_first() {
+        let (_d, q) = q(Duration::from_secs(60));
+        let root = q.root().to_path_buf();
+        q.publish("j.req.json", b"{\"first\":1}").unwrap();
+        let a = q.claim("a", false).unwrap().unwrap();
+        assert_eq!(q.finish(a, b"A's result", false).unwrap(), Finish::Committed);
+        // The copy a crash left, back in pending/.
+        fs::write(root.join("pending/j.req.json"), b"{\"copy\":1}").unwrap();
+        let b = q.claim("b", false).unwrap().unwrap();
+        let second = q.finish(b, b"B's result", false);
+        assert!(matches!(second, Err(Error::Conflict(_))), "{second:?}");
+        assert_eq!(fs::read(root.join("done/j.req.json")).unwrap(), b"{\"first\":1}");
+        assert_eq!(fs::read(root.join("done/j.req.json.result")).unwrap(), b"A's result");
+    }
+
     #[test]
     fn committed_but_unreleased_is_reconciled() {
         let (_d, q) = q(Duration::ZERO);

@@ -1,5 +1,6 @@
 //! (d) Worker processes race over a queue while being killed and stalled: 4 workers
-//! (`ctx queue work ... -- /bin/cat`), 2,000 jobs, at least 200 kill -9 and 50 stalls past the
+//! (`ctx queue work ... -- JOB`, a job that writes its request, its worker's name and a nonce),
+//! 2,000 jobs, at least 200 kill -9 and 50 stalls past the
 //! lease (SIGSTOP, recover, SIGCONT). No job lost, none committed twice, every result beside its
 //! request, nothing left in pending/ or claimed/.
 //!
@@ -14,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use ringfs::queue::Queue;
-use tests::race::{Worker, host_worker, publish_all, race};
+use tests::race::{JOB, Worker, host_worker, publish_all, race};
 use tests::served::Served;
 
 #[test]
@@ -90,7 +91,13 @@ fn through_ctx_workers_in_sandboxes_and_on_the_host_lose_nothing_and_commit_once
             .arg("--cwd")
             .arg(&work)
             .args(["--", "/bin/sh", "-c"])
-            .arg(format!("exec /ctx/bin/ctx queue work /ctx/shared/race/queue --worker {name} --no-lock -- /bin/cat >/dev/null"))
+            // Its `done J` lines go to the log with the rest: the race counts every commit.
+            .arg(format!(
+                "exec /ctx/bin/ctx queue work /ctx/shared/race/queue --worker {name} --no-lock -- {} {} '{}' {name}",
+                JOB[0],
+                JOB[1],
+                JOB[2].replace('\'', "'\\''")
+            ))
             .stdout(Stdio::from(out.try_clone().unwrap()))
             .stderr(Stdio::from(out))
             .spawn()
