@@ -426,7 +426,7 @@ fn a_turn_survives_kill_9_of_everything_but_storage_and_is_answered_once() {
 #[test]
 fn an_answer_larger_than_a_session_line_is_recorded_once_and_never_run_again() {
     let ep = Endpoint::start("true", "unused");
-    let h = host(&ep);
+    let mut h = host(&ep);
     let work = h.s.dir.path().join("big-work");
     workspace(&work, 1001);
     let (s, cwd) = (tests::unique("big"), work.display().to_string());
@@ -457,5 +457,38 @@ fn an_answer_larger_than_a_session_line_is_recorded_once_and_never_run_again() {
         .unwrap();
     assert!(o.status.success(), "{}", tests::shown(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim_end(), whole, "the whole answer printed");
+    // A daemon started again answers from the record: replayed, the same file.
+    h.s.stop();
+    h.s.spawn();
+    let mut after = Client::to(&h, "sockrt");
+    after.send(json!({"op": "send", "id": "big1", "session": s, "cwd": cwd, "input": "big"}));
+    let f = after.until(done("big1"));
+    assert_eq!(f.last().unwrap()["replayed"], true, "{:?}", f.last());
+    assert_eq!(f.iter().find(|f| f["type"] == "message").unwrap()["content_file"], m["content_file"]);
     assert_eq!(fs::read_to_string(work.join("runs")).unwrap(), "run\n", "the runtime ran once");
+    // A record the agent wrote itself (its session is its own) naming a file elsewhere: root's
+    // `ctx send --wait` never reads it.
+    let secret = h.s.dir.path().join("root-only");
+    fs::write(&secret, "ROOT-SECRET\n").unwrap();
+    let forged = json!({"ts": "2026-01-01T00:00:00Z", "role": "assistant", "id": "forged", "content": "preview",
+        "content_file": secret, "content_bytes": 100, "status": "ok"});
+    let log = h.s.mnt.join(format!("home/1001/agent/sockrt/session/{s}/messages.jsonl"));
+    fs::OpenOptions::new()
+        .append(true)
+        .open(&log)
+        .unwrap()
+        .write_all(format!("{forged}\n").as_bytes())
+        .unwrap();
+    let o = Command::new(tests::bin("ctx"))
+        .args(["send", "sockrt", "x", "--session", &s, "--id", "forged", "--wait", "--cwd", &cwd, "--ctx"])
+        .arg(&h.s.mnt)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", tests::shown(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("ROOT-SECRET"),
+        "root read the agent's path: {}",
+        tests::shown(&o)
+    );
+    assert!(String::from_utf8_lossy(&o.stdout).contains("preview"), "{}", tests::shown(&o));
 }

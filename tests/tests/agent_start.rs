@@ -943,6 +943,49 @@ fn two_daemons_agents_of_one_name_run_apart_and_ps_and_stop_see_their_own() {
     assert!(o.status.success(), "{}", text(&o));
 }
 
+/// A run whose supervisor was killed (kill -9) leaves its view mounted; the next start of the
+/// session takes it down and starts (it was seen refused until `ctx view rm`), and `ctx doctor
+/// --fix-runs` removes a killed run's view with its state.
+#[test]
+fn a_killed_runs_view_never_keeps_its_session_from_starting_again() {
+    let w = World::new();
+    let mounted = |s: &str| {
+        fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .contains(&format!("{} ", w.s.view_dir("coder", s).display()))
+    };
+    let kill_run = |s: &str| {
+        let out = w.start(s, &[], &["/bin/sh", "-c", "sleep 1000"]);
+        assert!(out.status.success(), "{}", text(&out));
+        let pid: i32 =
+            fs::read_to_string(w.s.run_dir("coder", s).join("pid")).unwrap().trim().parse().unwrap();
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(pid).unwrap(),
+            rustix::process::Signal::KILL,
+        )
+        .unwrap();
+        let t = Instant::now();
+        while Path::new(&format!("/proc/{pid}")).exists() && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(mounted(s), "the killed run's view stays mounted");
+    };
+    let s = session("killed");
+    kill_run(&s);
+    let again = w.start(&s, &["--wait"], &["/bin/sh", "-c", "echo again"]);
+    assert!(again.status.success(), "the session starts again: {}", text(&again));
+    assert!(!mounted(&s), "and its view goes with its end");
+    let s = session("killdoc");
+    kill_run(&s);
+    let o = Command::new(tests::bin("ctx"))
+        .args(["doctor", "--fix-runs", "--control"])
+        .arg(&w.s.control)
+        .output()
+        .unwrap();
+    assert!(!mounted(&s), "ctx doctor --fix-runs removes the view: {}", text(&o));
+    assert!(!w.s.run_dir("coder", &s).exists(), "and the run's state");
+}
+
 /// The most threads any one process has named `egress-conn` (a run's proxy connections).
 fn most_proxy_threads() -> usize {
     let mut most = 0;

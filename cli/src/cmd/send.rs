@@ -149,10 +149,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 /// else the first bytes and where the rest is.
 fn whole_answer(f: &Value, content: &str) -> String {
     let Some(file) = f["content_file"].as_str().map(std::path::Path::new) else { return content.to_owned() };
-    let bytes = f["content_bytes"].as_u64().unwrap_or(0);
-    let read = file.parent().zip(file.file_name()).and_then(|(dir, name)| {
-        ctxterm::beneath::Tree::open(dir).and_then(|t| t.read_string(name, bytes)).ok()
-    });
+    let bytes = f["content_bytes"].as_u64().unwrap_or(0).min(asock::ANSWER_READ_MAX);
+    // Only a name the daemon gives such a file, read beneath its directory.
+    let read = file
+        .parent()
+        .zip(file.file_name().and_then(|n| n.to_str()).filter(|n| asock::answer_file_name(n)))
+        .and_then(|(dir, name)| {
+            ctxterm::beneath::Tree::open(dir).and_then(|t| t.read_string(name, bytes)).ok()
+        });
     match read {
         Some(whole) => whole,
         None => format!("{content}\n[the whole answer, {bytes} bytes, is {}]", file.display()),

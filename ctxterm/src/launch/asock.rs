@@ -730,9 +730,12 @@ impl Server {
             t.push(json!({"type": "start", "id": s.id, "replayed": true}));
             let mut m =
                 json!({"type": "message", "id": s.id, "role": "assistant", "content": answer["content"]});
-            if let Some(f) = answer["content_file"].as_str() {
+            // The record is in the agent's session: a file it names is taken only when it is
+            // a name this daemon gives (`answer.<stamp>.md`), so the path is the session's.
+            if let Some(f) = answer["content_file"].as_str().filter(|f| answer_file_name(f)) {
                 m["content_file"] = json!(dir.join(f));
-                m["content_bytes"] = answer["content_bytes"].clone();
+                m["content_bytes"] =
+                    json!(answer["content_bytes"].as_u64().unwrap_or(0).min(ANSWER_MAX as u64));
             }
             t.push(m);
             return json!({"type": "done", "id": s.id, "status": answer["status"].as_str().unwrap_or("ok"),
@@ -917,6 +920,17 @@ impl Finished {
         gone
     }
 }
+
+/// Whether `f` is a name the daemon gives an answer kept beside its session: a plain
+/// name, `answer.` then digits and dots, then `.md`.
+pub fn answer_file_name(f: &str) -> bool {
+    f.strip_prefix("answer.")
+        .and_then(|r| r.strip_suffix(".md"))
+        .is_some_and(|stamp| !stamp.is_empty() && stamp.bytes().all(|b| b.is_ascii_digit() || b == b'.'))
+}
+
+/// The most bytes of an answer a client reads from its file.
+pub const ANSWER_READ_MAX: u64 = ANSWER_MAX as u64 + 4096;
 
 /// The key of a session in the map of running ones: the agent, and the session with its space.
 fn busy_key(agent: &str, space: Option<&str>, session: &str) -> (String, String) {

@@ -216,6 +216,10 @@ pub fn fix_runs(control: &Path) -> Vec<(PathBuf, Result<(), String>)> {
     stale_runs(control)
         .into_iter()
         .map(|d| {
+            // The run's view goes first (the daemon unmounts it; a dead daemon's is detached).
+            if let (Some(session), Some(agent)) = (d.file_name(), d.parent().and_then(Path::file_name)) {
+                super::view::remove(control, &runtime::views_root(control).join(agent).join(session));
+            }
             rundir::unmount_below(&d);
             let r = rundir::remove(&d).map_err(|e| e.to_string());
             (d, r)

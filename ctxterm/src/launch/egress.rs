@@ -105,21 +105,43 @@ fn head(c: &mut TcpStream, within: Duration) -> io::Result<Option<(Vec<u8>, Vec<
 }
 
 /// Copies bytes both ways between `a` and `b` until either side ends or neither carries
-/// anything for `idle`.
+/// anything for `idle` (a model streaming its answer to a client that says nothing keeps the
+/// tunnel open).
 fn splice(a: TcpStream, b: TcpStream, idle: Duration) -> io::Result<()> {
+    // Reads wake at least this often to look at the other direction's last bytes.
+    let tick = idle.min(Duration::from_secs(5));
     for s in [&a, &b] {
-        s.set_read_timeout(Some(idle))?;
+        s.set_read_timeout(Some(tick))?;
     }
-    let (mut a2, mut b2) = (a.try_clone()?, b.try_clone()?);
-    let t = std::thread::Builder::new().name("egress-conn".into()).spawn(move || {
-        let _ = io::copy(&mut a2, &mut b2);
-        let _ = b2.shutdown(Shutdown::Both);
-        let _ = a2.shutdown(Shutdown::Both);
-    })?;
-    let (mut a, mut b) = (a, b);
-    let _ = io::copy(&mut b, &mut a);
-    let _ = a.shutdown(Shutdown::Both);
-    let _ = b.shutdown(Shutdown::Both);
+    let started = Instant::now();
+    let last = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let pump = move |mut from: TcpStream, mut to: TcpStream, last: Arc<std::sync::atomic::AtomicU64>| {
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            match from.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    if to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                    last.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+                }
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    let quiet = started.elapsed().as_millis() as u64 - last.load(Ordering::Relaxed);
+                    if quiet >= idle.as_millis() as u64 {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        let _ = to.shutdown(Shutdown::Both);
+        let _ = from.shutdown(Shutdown::Both);
+    };
+    let (a2, b2, last2) = (a.try_clone()?, b.try_clone()?, Arc::clone(&last));
+    let t = std::thread::Builder::new().name("egress-conn".into()).spawn(move || pump(a2, b2, last2))?;
+    pump(b, a, last);
     let _ = t.join();
     Ok(())
 }
@@ -268,5 +290,36 @@ mod tests {
         let mut answer = String::new();
         again.read_to_string(&mut answer).unwrap();
         assert!(answer.starts_with("HTTP/1.1 403"), "places come back: {answer}");
+    }
+
+    /// A tunnel whose model streams to a client that says nothing stays open past the idle
+    /// time; one where neither side says anything is closed after it.
+    #[test]
+    fn a_tunnel_is_idle_only_when_neither_way_carries_anything() {
+        let pair = || {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            (c, l.accept().unwrap().0)
+        };
+        let idle = Duration::from_millis(300);
+        let (mut client, a) = pair();
+        let (b, mut server) = pair();
+        std::thread::spawn(move || splice(a, b, idle));
+        std::thread::spawn(move || {
+            for _ in 0..10 {
+                server.write_all(b"x").unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let mut got = Vec::new();
+        client.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        client.read_to_end(&mut got).unwrap();
+        assert_eq!(got.len(), 10, "the stream went on past the idle time");
+        let (mut client, a) = pair();
+        let (b, _server) = pair();
+        std::thread::spawn(move || splice(a, b, idle));
+        let mut got = Vec::new();
+        client.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        assert_eq!(client.read_to_end(&mut got).unwrap(), 0, "closed once quiet both ways");
     }
 }

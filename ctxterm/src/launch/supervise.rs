@@ -95,6 +95,9 @@ fn launch(s: &Start, c: &Contract, view_made: &mut bool) -> Result<std::process:
         session::append_event(&dir, &event)
             .map_err(|source| Error::Session { path: dir.join("events.jsonl"), source })?;
     }
+    // No supervisor runs this session (rundir::prepare saw to it): a view still at its path is
+    // a killed run's, and goes.
+    view::remove(&c.control, &c.view);
     view::call(
         &c.control,
         &ControlRequest::Create {
