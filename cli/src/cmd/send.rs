@@ -80,6 +80,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let cwd = match &a.cwd {
         Some(c) => Some(
+            // root's: the caller's own --cwd, which the daemon then opens without following a link
             std::fs::canonicalize(c)
                 .map_err(|e| Exit::io(format!("--cwd {}", c.display()), &e))?
                 .display()

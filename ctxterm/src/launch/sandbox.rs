@@ -49,10 +49,14 @@ fn table(c: &Contract) -> Result<Vec<(PathBuf, PathBuf, bool)>> {
     let mut out = Vec::new();
     for (i, b) in c.mounts.iter().enumerate() {
         let at = dir.join(i.to_string());
+        // root's: the run directory's prepared binds
         std::fs::create_dir_all(&dir).map_err(run_io(&dir))?;
+        // root's: a mount table source, the operator's
         if b.source.is_dir() {
+            // root's: the run directory's prepared binds
             std::fs::create_dir_all(&at).map_err(run_io(&at))?;
         } else {
+            // root's: the run directory's prepared binds
             std::fs::File::create(&at).map_err(run_io(&at))?;
         }
         let attrs = Attrs { nosuid: b.nosuid, nodev: b.nodev, noexec: b.noexec, rdonly: !b.rw, idmap: None };
@@ -102,6 +106,7 @@ pub fn command(c: &Contract, procs: &[PathBuf]) -> Result<Command> {
     // bwrap (pasta, when it runs, closes the descriptors it inherits).
     let filter = c.runtime.join("seccomp.bpf");
     let program = super::seccomp::program().map_err(|e| Error::Seccomp(e.to_string()))?;
+    // root's: the run directory
     std::fs::write(&filter, program).map_err(run_io(&filter))?;
     if c.key_env.is_some() {
         // The key's FIFO (the supervisor writes the key once, when this opens it) becomes
@@ -134,6 +139,7 @@ pub fn command(c: &Contract, procs: &[PathBuf]) -> Result<Command> {
     {
         if Path::new(target).is_symlink() {
             cmd.args(["--symlink", link, target]);
+        // root's: the host's /usr and its links
         } else if Path::new(target).exists() {
             cmd.args(["--ro-bind", target, target]);
         }
@@ -142,8 +148,10 @@ pub fn command(c: &Contract, procs: &[PathBuf]) -> Result<Command> {
     // Login shells (the CLIs run commands through `bash -lc`) rebuild PATH from /etc/profile:
     // the host's profile.d, plus one file that puts /ctx/bin (tsh) back in front.
     let path_sh = c.runtime.join("path.sh");
+    // root's: the run directory
     std::fs::write(&path_sh, PATH_SH).map_err(run_io(&path_sh))?;
     cmd.args(["--tmpfs", "/etc/profile.d"]);
+    // root's: /etc
     if let Ok(entries) = std::fs::read_dir("/etc/profile.d") {
         for e in entries.flatten() {
             let p = e.path();
@@ -201,8 +209,10 @@ pub fn key_fifo(c: &Contract) -> PathBuf {
 /// Undoes what [`command`] prepared: the idmapped workspace, the prepared binds, the filter.
 pub fn release(c: &Contract) {
     let idmapped = idmapped(c);
+    // root's: the run directory
     if idmapped.exists() {
         let _ = rustix::mount::unmount(&idmapped, rustix::mount::UnmountFlags::DETACH);
+        // root's: the run directory
         let _ = std::fs::remove_dir(&idmapped);
     }
     // The prepared binds are detached, then their directory removed beneath the run's, never
@@ -212,7 +222,10 @@ pub fn release(c: &Contract) {
     if let Err(e) = super::rundir::remove(&prepared) {
         eprintln!("agent {} session {}: {e}", c.agent, c.session);
     }
+    // root's: the run directory
     let _ = std::fs::remove_file(c.runtime.join("seccomp.bpf"));
+    // root's: the run directory
     let _ = std::fs::remove_file(key_fifo(c));
+    // root's: the run directory
     let _ = std::fs::remove_file(c.runtime.join("path.sh"));
 }

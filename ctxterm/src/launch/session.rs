@@ -276,6 +276,7 @@ mod tests {
     fn a_fifo_in_place_of_a_session_file_is_refused_without_blocking() {
         let d = tempfile::tempdir().unwrap();
         for name in ["state", "updated_at", "messages.jsonl", "latest.md"] {
+            // root's: the test's own temporary directory
             rustix::fs::mknodat(
                 rustix::fs::CWD,
                 d.path().join(name).as_path(),

@@ -248,6 +248,7 @@ fn serve_key(c: &Contract, key: Vec<u8>) -> Result<()> {
     let _ = std::fs::remove_file(&fifo); // root's: the run directory
     let shown = fifo.display().to_string();
     let fail = |e: std::io::Error| Error::Supervise(format!("{shown}: {e}"));
+    // root's: the run directory
     rustix::fs::mknodat(
         rustix::fs::CWD,
         &fifo,
@@ -256,6 +257,7 @@ fn serve_key(c: &Contract, key: Vec<u8>) -> Result<()> {
         0,
     )
     .map_err(|e| fail(e.into()))?;
+    // root's: the run directory
     rustix::fs::chownat(
         rustix::fs::CWD,
         &fifo,
