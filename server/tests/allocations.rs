@@ -123,6 +123,11 @@ fn steady_state_requests_over_the_ring_allocate_nothing() {
         s.lines().find_map(|l| l.strip_prefix("transport.ring_requests ")?.parse::<u64>().ok()).unwrap()
     };
 
+    // The daemon's count of requests of one kind (`op.<kind>` in its status).
+    let ops = |kind: &str| {
+        let s = std::fs::read_to_string(mnt.join("status")).unwrap();
+        s.lines().find_map(|l| l.strip_prefix(&format!("op.{kind} "))?.parse::<u64>().ok()).unwrap()
+    };
     let dir = mnt.join("home/0/dir");
     let dirfd = rustix::fs::open(&dir, OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap();
     let name = CString::new("f000").unwrap();
@@ -137,7 +142,9 @@ fn steady_state_requests_over_the_ring_allocate_nothing() {
     let mut b = [0u8; 4096];
     let mut i = 0;
     let mut count = Vec::new();
+    let mut reached: Vec<(&str, u64)> = Vec::new();
     let r0 = ring_requests();
+    let before = ops("getattr");
     count.push((
         "getattr",
         allocations(|| {
@@ -145,6 +152,8 @@ fn steady_state_requests_over_the_ring_allocate_nothing() {
                 .unwrap();
         }),
     ));
+    reached.push(("getattr", ops("getattr") - before));
+    let before = ops("lookup");
     count.push((
         "lookup",
         allocations(|| {
@@ -153,6 +162,8 @@ fn steady_state_requests_over_the_ring_allocate_nothing() {
                 .unwrap();
         }),
     ));
+    reached.push(("lookup", ops("lookup") - before));
+    let before = ops("readdir");
     count.push((
         "readdir",
         allocations(|| {
@@ -168,16 +179,22 @@ fn steady_state_requests_over_the_ring_allocate_nothing() {
             assert_eq!(n, 102);
         }),
     ));
+    reached.push(("readdir", ops("readdir") - before));
     // Each read drops the pages first, so that it reaches the daemon.
     let mut uncached = |f: &std::fs::File| {
         rustix::fs::fadvise(f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
         f.read_at(&mut b, 0).unwrap()
     };
+    let before = ops("read");
     count.push(("read of a control", allocations(|| assert_eq!(uncached(&control), 4))));
+    reached.push(("read of a control", ops("read") - before));
+    let before = ops("read");
     count.push(("read of data", allocations(|| assert_eq!(uncached(&file), 4096))));
+    reached.push(("read of data", ops("read") - before));
     let line = b"{\"type\":\"steady\"}\n";
     // Each append after a fresh look at the log's attributes (as a follower's `stat` makes
     // the kernel take): the kernel then asks for `security.capability` before the write.
+    let before = ops("write");
     count.push((
         "durable append",
         allocations(|| {
@@ -191,6 +208,7 @@ fn steady_state_requests_over_the_ring_allocate_nothing() {
             (&log).write_all(line).unwrap();
         }),
     ));
+    reached.push(("durable append", ops("write") - before));
     let served = ring_requests() - r0;
     drop((control, file, log, dirfd));
     pool.unmount_host(host).unwrap();
@@ -198,6 +216,11 @@ fn steady_state_requests_over_the_ring_allocate_nothing() {
     assert_eq!(log.len(), first.len() + 2 * ROUNDS as usize * line.len(), "every append is in the log");
     // 2 x 500 calls of 6 kinds, each one request at least, all of them over the ring.
     assert!(served >= 6 * 2 * ROUNDS, "the ring served {served} requests");
+    // Each kind reached the daemon as requests of its own kind, a call at least once each (the
+    // total alone could be met by readdir and reads).
+    for (kind, n) in &reached {
+        assert!(*n >= 2 * ROUNDS as u64, "{kind}: {n} requests of its kind for {} calls", 2 * ROUNDS);
+    }
     let allocating: Vec<_> = count.iter().filter(|(_, n)| *n > 0).collect();
     assert!(allocating.is_empty(), "allocations in {ROUNDS} calls after a warm-up: {count:?}");
 }

@@ -363,10 +363,22 @@ fn a_turn_survives_kill_9_of_everything_but_storage_and_is_answered_once() {
     let mut daemon = h.s.child.take().unwrap();
     daemon.kill().unwrap();
     daemon.wait().unwrap();
-    let _ = Command::new("pkill").args(["-9", "-f", &s]).status();
+    // pgrep: 0 when a process matches, 1 when none does; anything else is a pgrep that did
+    // not run, which must not pass for "none left".
+    let matching = || {
+        let o = Command::new("pgrep").args(["-f", &s]).output().expect("pgrep runs");
+        match o.status.code() {
+            Some(0) => true,
+            Some(1) => false,
+            c => panic!("pgrep -f {s}: {c:?}"),
+        }
+    };
+    assert!(matching(), "the run's processes are there to kill");
+    let killed = Command::new("pkill").args(["-9", "-f", &s]).status().unwrap();
+    assert_eq!(killed.code(), Some(0), "pkill signalled the run's processes");
     drop(rt);
     let t = Instant::now();
-    while Command::new("pgrep").args(["-f", &s]).output().is_ok_and(|o| o.status.success()) {
+    while matching() {
         assert!(t.elapsed() < Duration::from_secs(10), "the run's processes did not die");
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -785,10 +785,15 @@ fn a_symlink_in_the_agents_home_is_never_followed_by_the_launcher() {
     // The home itself replaced by a link: refused, and the link's target untouched.
     fs::rename(&home, w.s.dir.path().join("old-home")).unwrap();
     std::os::unix::fs::symlink(&outside, &home).unwrap();
-    let mode = fs::metadata(&outside).unwrap().permissions();
+    let who = |p: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        let m = fs::metadata(p).unwrap();
+        (m.uid(), m.gid(), m.mode())
+    };
+    let before = who(&outside);
     let out = run_cli(&w, &session("link2"), "pi", &secrets, &["-p", "hi"]);
     assert!(!out.status.success(), "{}", text(&out));
-    assert_eq!(fs::metadata(&outside).unwrap().permissions(), mode, "the link's target keeps its mode");
+    assert_eq!(who(&outside), before, "the link's target keeps its owner, group and mode");
     assert!(fs::read_dir(&outside).unwrap().next().is_none());
 }
 

@@ -96,6 +96,24 @@ fn the_ring_serves_requests_where_the_kernel_offers_it_and_auto_says_when_it_fal
     let vs = fs::read_to_string(v.join("status")).unwrap();
     assert!(vs.lines().any(|l| l == "transport uring"), "{vs}");
     assert!(vs.lines().any(|l| l == "view agent ringer session s1"), "{vs}");
+    // The view's own counters: the requests of I/O through it are the ring's, not /dev/fuse's.
+    let counters = || {
+        let st: Vec<(String, String)> = fs::read_to_string(v.join("status"))
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split_once(' ').map(|(k, v)| (k.to_owned(), v.to_owned())))
+            .collect();
+        let n = |k: &str| field(&st, k).parse::<u64>().unwrap();
+        (n("transport.ring_requests"), n("transport.dev_requests"))
+    };
+    let (ring0, dev0) = counters();
+    for i in 0..100 {
+        let _ = fs::metadata(v.join(format!("agent/nothing-{i}")));
+        let _ = fs::read_dir(v.join("agent")).map(|d| d.count());
+    }
+    let (ring1, dev1) = counters();
+    assert!(ring1 >= ring0 + 100, "the view's ring served its I/O: {ring0} -> {ring1}");
+    assert!(dev1 - dev0 < 10, "and /dev/fuse next to none of it: {dev0} -> {dev1}");
     drop(s);
 
     // Not offered: `uring` refuses (69, naming the switch); `auto` serves /dev/fuse and says so.
