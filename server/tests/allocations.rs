@@ -219,7 +219,7 @@ fn steady_state_requests_over_the_ring_allocate_nothing() {
     // Each kind reached the daemon as requests of its own kind, a call at least once each (the
     // total alone could be met by readdir and reads).
     for (kind, n) in &reached {
-        assert!(*n >= 2 * ROUNDS as u64, "{kind}: {n} requests of its kind for {} calls", 2 * ROUNDS);
+        assert!(*n >= 2 * ROUNDS, "{kind}: {n} requests of its kind for {} calls", 2 * ROUNDS);
     }
     let allocating: Vec<_> = count.iter().filter(|(_, n)| *n > 0).collect();
     assert!(allocating.is_empty(), "allocations in {ROUNDS} calls after a warm-up: {count:?}");
