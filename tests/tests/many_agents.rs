@@ -204,24 +204,34 @@ fn a_control_handle_that_saw_a_refused_write_publishes_nothing() {
     assert_eq!(fs::read_to_string(&system).unwrap(), "new system\n");
 }
 
-#[test]
-fn a_full_disk_reaches_the_writer_as_enospc_and_appends_work_again() {
+/// Unmounts (lazily) the filesystem at its path when dropped.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// A daemon whose storage is a tmpfs of `size` of its own (a disk a test may fill), started;
+/// the tmpfs goes when the guard is dropped (after the daemon).
+fn on_small_tmpfs(size: &str) -> (Served, Unmount) {
     let mut s = Served::unstarted(&[]);
     fs::create_dir_all(&s.storage).unwrap();
     let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
         .arg(&s.storage)
         .status()
         .unwrap();
     assert!(mounted.success(), "a small tmpfs for the storage");
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-    let _tmpfs = Unmount(s.storage.clone());
+    let guard = Unmount(s.storage.clone());
     s.spawn();
+    (s, guard)
+}
+
+#[test]
+fn a_full_disk_reaches_the_writer_as_enospc_and_appends_work_again() {
+    let (s, _tmpfs) = on_small_tmpfs("8m");
     let work = s.dir.path().join("work");
     fs::create_dir_all(&work).unwrap();
     fs::set_permissions(&work, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
@@ -335,22 +345,7 @@ fn write_once(f: &mut fs::File, data: &[u8]) -> Result<usize, i32> {
 /// the host mount and a view (from inside a sandbox) take the same longest line.
 #[test]
 fn a_log_write_is_stored_whole_or_refused_whole_however_the_kernel_splits_it() {
-    let mut s = Served::unstarted(&[]);
-    fs::create_dir_all(&s.storage).unwrap();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=24m", "tmpfs"])
-        .arg(&s.storage)
-        .status()
-        .unwrap();
-    assert!(mounted.success(), "a small tmpfs for the storage");
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-    let _tmpfs = Unmount(s.storage.clone());
-    s.spawn();
+    let (s, _tmpfs) = on_small_tmpfs("24m");
     let work = s.dir.path().join("work");
     let h = Host { work, s };
     let dir = h.s.data_dir("home/0/agent/a/session/split", 0o755, 0);

@@ -57,18 +57,7 @@ pub const HOST_IDS: &str = "/var/lib/cortexfs/agent-ids";
 /// Holds [`HOST_IDS`]'s lock (an exclusive `flock` on the file itself) until dropped: one
 /// allocation on the host at a time, so two storages' `agent new` at once never pick one id.
 fn lock_host_ids() -> Result<std::fs::File> {
-    let p = Path::new(HOST_IDS);
-    if let Some(d) = p.parent() {
-        std::fs::create_dir_all(d).map_err(|e| Error::Internal(format!("{}: {e}", d.display())))?;
-    }
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .append(true)
-        .create(true)
-        .mode(0o644)
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-        .open(p)
-        .map_err(|e| Error::Internal(format!("{HOST_IDS}: {e}")))?;
+    let f = open_host_ids()?;
     rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
         .map_err(|e| Error::Internal(format!("{HOST_IDS}: locking: {e}")))?;
     Ok(f)
@@ -81,20 +70,26 @@ fn host_ids() -> Vec<u32> {
     text.lines().filter_map(|l| l.split(' ').next()?.parse().ok()).collect()
 }
 
-/// Records that `storage`'s agent `name` holds `id`, host-wide.
-fn record_host_id(id: u32, storage: &Path, name: &str) -> Result<()> {
-    use std::io::Write;
+/// Opens [`HOST_IDS`] to append (made, with its directory, when missing), never through a link.
+fn open_host_ids() -> Result<std::fs::File> {
     let p = Path::new(HOST_IDS);
     if let Some(d) = p.parent() {
         std::fs::create_dir_all(d).map_err(|e| Error::Internal(format!("{}: {e}", d.display())))?;
     }
-    let mut f = std::fs::OpenOptions::new()
+    std::fs::OpenOptions::new()
+        .read(true)
         .append(true)
         .create(true)
         .mode(0o644)
         .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
         .open(p)
-        .map_err(|e| Error::Internal(format!("{HOST_IDS}: {e}")))?;
+        .map_err(|e| Error::Internal(format!("{HOST_IDS}: {e}")))
+}
+
+/// Records that `storage`'s agent `name` holds `id`, host-wide.
+fn record_host_id(id: u32, storage: &Path, name: &str) -> Result<()> {
+    use std::io::Write;
+    let mut f = open_host_ids()?;
     f.write_all(format!("{id} {} {name}\n", storage.display()).as_bytes())
         .map_err(|e| Error::Internal(format!("{HOST_IDS}: {e}")))
 }
