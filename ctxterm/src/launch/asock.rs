@@ -89,6 +89,22 @@ struct TurnState {
 }
 
 impl Turn {
+    /// A turn of `agent` in `session`, with no frame yet.
+    fn new(agent: &str, session: &str) -> Turn {
+        Turn {
+            agent: agent.to_owned(),
+            session: session.to_owned(),
+            state: Mutex::new(TurnState {
+                frames: Vec::new(),
+                kept: 0,
+                done: false,
+                cancelled: false,
+                child: None,
+            }),
+            changed: Condvar::new(),
+        }
+    }
+
     /// Keeps a frame for the turn's followers. Output beyond [`OUTPUT_KEPT`] is not kept (the
     /// answer is still recorded whole, up to [`ANSWER_MAX`]): one frame says so.
     fn push(&self, frame: Value) {
@@ -658,18 +674,7 @@ impl Server {
             }
             busy.insert(key.clone(), s.id.clone());
         }
-        let t = Arc::new(Turn {
-            agent: agent.to_owned(),
-            session: s.session.clone(),
-            state: Mutex::new(TurnState {
-                frames: Vec::new(),
-                kept: 0,
-                done: false,
-                cancelled: false,
-                child: None,
-            }),
-            changed: Condvar::new(),
-        });
+        let t = Arc::new(Turn::new(agent, &s.session));
         self.turns
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -1129,18 +1134,7 @@ mod tests {
     use super::*;
 
     fn turn(text_bytes: usize) -> Arc<Turn> {
-        let t = Arc::new(Turn {
-            agent: "a".into(),
-            session: "s".into(),
-            state: Mutex::new(TurnState {
-                frames: Vec::new(),
-                kept: 0,
-                done: false,
-                cancelled: false,
-                child: None,
-            }),
-            changed: Condvar::new(),
-        });
+        let t = Arc::new(Turn::new("a", "s"));
         t.push(json!({"type": "delta", "id": "x", "text": "a".repeat(text_bytes)}));
         t.finish(json!({"type": "done", "status": "ok"}));
         t

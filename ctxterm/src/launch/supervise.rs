@@ -96,8 +96,11 @@ fn launch(s: &Start, c: &Contract, view_made: &mut bool) -> Result<std::process:
             .map_err(|source| Error::Session { path: dir.join("events.jsonl"), source })?;
     }
     // No supervisor runs this session (rundir::prepare saw to it): a view still at its path is
-    // a killed run's, and goes.
-    view::remove(&c.control, &c.view);
+    // a killed run's, and goes (a start that finds nothing there asks the daemon nothing).
+    // root's: the daemon's view directory, which no sandbox binds
+    if std::fs::symlink_metadata(&c.view).is_ok() {
+        view::remove(&c.control, &c.view);
+    }
     view::call(
         &c.control,
         &ControlRequest::Create {
