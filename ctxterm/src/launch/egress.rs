@@ -56,7 +56,7 @@ pub struct Allowed {
 
 impl Allowed {
     /// Whether `target` of a `CONNECT` is the model's `host:port`.
-    fn connect(&self, target: &str) -> bool {
+    pub fn connect(&self, target: &str) -> bool {
         let (host, port) = match target.rsplit_once(':') {
             Some((h, p)) => (h.trim_start_matches('[').trim_end_matches(']'), p.parse::<u16>().ok()),
             None => return false,
@@ -66,13 +66,25 @@ impl Allowed {
 
     /// Whether the absolute-form `target` of a plain request is on the model's `host:port`
     /// (only for an `http` route).
-    fn plain(&self, target: &str) -> bool {
+    pub fn plain(&self, target: &str) -> bool {
         if self.url.https {
             return false;
         }
         let base = target.split(['?', '#']).next().unwrap_or("");
         Url::parse(base).is_ok_and(|u| !u.https && u.host == self.url.host && u.port == self.url.port)
     }
+}
+
+/// Where the request head in `bytes` ends (after its blank line), if it is there.
+pub fn head_end(bytes: &[u8]) -> Option<usize> {
+    bytes.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4)
+}
+
+/// The method and target of a request head's first line (empty when missing).
+pub fn request_line(head: &[u8]) -> (String, String) {
+    let line = String::from_utf8_lossy(head.split(|b| *b == b'\r').next().unwrap_or_default()).into_owned();
+    let mut words = line.split_ascii_whitespace();
+    (words.next().unwrap_or("").to_owned(), words.next().unwrap_or("").to_owned())
 }
 
 /// Reads a request head (through the blank line) from `c` within `within`; returns it and
@@ -83,8 +95,8 @@ fn head(c: &mut TcpStream, within: Duration) -> io::Result<Option<(Vec<u8>, Vec<
     let mut h = Vec::new();
     let mut b = [0u8; 4096];
     loop {
-        if let Some(end) = h.windows(4).position(|w| w == b"\r\n\r\n") {
-            let rest = h.split_off(end + 4);
+        if let Some(end) = head_end(&h) {
+            let rest = h.split_off(end);
             return Ok(Some((h, rest)));
         }
         let left = until.saturating_duration_since(Instant::now());
@@ -165,9 +177,8 @@ fn serve_one(
     refused: &(dyn Fn(&str) + Send + Sync),
 ) -> io::Result<()> {
     let Some((h, rest)) = head(&mut c, limits.head)? else { return Ok(()) };
-    let line = String::from_utf8_lossy(h.split(|b| *b == b'\r').next().unwrap_or_default()).into_owned();
-    let mut words = line.split_ascii_whitespace();
-    let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    let (method, target) = request_line(&h);
+    let (method, target) = (method.as_str(), target.as_str());
     let deny = |c: &mut TcpStream, why: &str| -> io::Result<()> {
         refused(why);
         c.write_all(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
