@@ -379,9 +379,63 @@ fn hosted_cli_profiles_run_in_the_sandbox_without_network() {
         assert!(said.contains(want), "{profile}: {}", text(&out));
         // No model is set up here: the CLI starts with its own configuration, and says so.
         assert!(String::from_utf8_lossy(&out.stderr).contains("names no model"), "{profile}: {}", text(&out));
+        probe_network(&w, profile);
     }
     let out = w.start(&session("x"), &["--profile", "nope"], &[]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
+
+/// Starts `profile`'s CLI on its terminal and probes the network from the sandbox's own
+/// network namespace while the CLI runs: it has only a loopback device, and a listener on the
+/// host's loopback, reachable from the host, is not reachable from there.
+fn probe_network(w: &World, profile: &str) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::net::TcpStream::connect(("127.0.0.1", port)).expect("the listener answers on the host");
+    let s = session(&format!("n{profile}"));
+    let out = w.start(&s, &["--profile", profile, "--pids", "64"], &[]);
+    assert!(out.status.success(), "{profile}: {}", text(&out));
+    let group =
+        ["/sys/fs/cgroup/unified/cortexfs", "/sys/fs/cgroup/cortexfs", "/sys/fs/cgroup/pids/cortexfs"]
+            .iter()
+            .map(|r| Path::new(r).join(format!("coder.{s}")))
+            .find(|d| d.join("pids.max").exists())
+            .expect("the run's pids group");
+    let ours = fs::read_link("/proc/self/ns/net").unwrap();
+    // The CLI itself: a process of the run, in a network namespace that is not the host's.
+    let t = Instant::now();
+    let pid = loop {
+        let procs = fs::read_to_string(group.join("cgroup.procs")).unwrap_or_default();
+        let found = procs.lines().find(|pid| {
+            let ns = fs::read_link(format!("/proc/{pid}/ns/net")).ok();
+            let cmd = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            ns.is_some_and(|ns| ns != ours) && String::from_utf8_lossy(&cmd).contains(profile)
+        });
+        if let Some(pid) = found {
+            break pid.to_owned();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "{profile}: no CLI process of the run in its own network namespace: {procs}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let devices = fs::read_to_string(format!("/proc/{pid}/net/dev")).unwrap();
+    let names: Vec<&str> =
+        devices.lines().skip(2).filter_map(|l| l.split(':').next()).map(str::trim).collect();
+    assert_eq!(names, ["lo"], "{profile}: {devices}");
+    let probe = Command::new("nsenter")
+        .arg(format!("--net=/proc/{pid}/ns/net"))
+        .args(["--", "/bin/bash", "-c", &format!("exec 3<>/dev/tcp/127.0.0.1/{port}")])
+        .output()
+        .unwrap();
+    assert!(!probe.status.success(), "{profile}: the host's listener answered inside: {}", text(&probe));
+    let stop = Command::new(tests::bin("ctx"))
+        .args(["agent", "stop", "coder", "--session", &s, "--control"])
+        .arg(&w.s.control)
+        .output()
+        .unwrap();
+    assert!(stop.status.success(), "{profile}: {}", text(&stop));
 }
 
 #[test]
