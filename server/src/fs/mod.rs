@@ -18,6 +18,8 @@
 
 mod inodes;
 mod sync_io;
+#[cfg(test)]
+mod tests;
 
 use inodes::{Access, Inodes, Node, Paths, stamp_of};
 

@@ -47,6 +47,17 @@ pub(crate) struct Conn {
     ring: Option<Load>,
 }
 
+#[cfg(test)]
+impl Conn {
+    /// A connection to `fs` with no kernel behind it (its descriptor is `/dev/null`), for
+    /// serving requests in place.
+    pub(crate) fn detached(fs: Arc<CtxFs>) -> Conn {
+        let wire = Arc::clone(fs.wire());
+        let file = File::open("/dev/null").expect("/dev/null");
+        Conn { file, server: Server::new(Arc::clone(&fs)), fs, wire, ring: None }
+    }
+}
+
 struct Inner {
     epoll: OwnedFd,
     wake: OwnedFd,

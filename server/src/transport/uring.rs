@@ -948,3 +948,73 @@ fn handle(conn: &Conn, entry: &mut Entry, ud: u64, mailbox: &Mailbox) -> Option<
     set_ent(buf, unique, data);
     Some(unique)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use zerocopy::{FromBytes, IntoBytes};
+
+    use super::{
+        HEADER, IN_OUT, InHeader, OP_LOOKUP, OP_READ, OP_READDIR, OutHeader, PAYLOAD, ReadIn, steady,
+    };
+    use crate::transport::pool::Conn;
+    use crate::{Config, CtxFs};
+
+    fn conn() -> (tempfile::TempDir, Conn) {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = CtxFs::new(Config::new(dir.path().to_owned(), Vec::new())).unwrap();
+        (dir, Conn::detached(Arc::new(fs)))
+    }
+
+    /// Serves the request of `opcode` on the root, with operation header `op` and `payload`,
+    /// in a ring entry of its own; the reply's error (0 or a negative errno) and length.
+    fn serve(conn: &Conn, opcode: u32, op: &[u8], payload: &[u8]) -> (i32, usize) {
+        let mut buf = vec![0u8; HEADER + PAYLOAD + 4096];
+        let h = InHeader {
+            len: (40 + op.len() + payload.len()) as u32,
+            opcode,
+            unique: 7,
+            nodeid: 1,
+            uid: 0,
+            gid: 0,
+            pid: 1,
+            total_extlen: 0,
+            padding: 0,
+        };
+        buf[IN_OUT..IN_OUT + op.len()].copy_from_slice(op);
+        buf[HEADER..HEADER + payload.len()].copy_from_slice(payload);
+        assert_eq!(steady(conn, &h, &mut buf, payload.len()), Some(7), "served in place");
+        let (o, _) = OutHeader::read_from_prefix(&buf).unwrap();
+        assert_eq!(o.unique, 7);
+        (o.error, o.len as usize)
+    }
+
+    fn read_in(size: usize) -> ReadIn {
+        ReadIn { fh: 0, offset: 0, size: size as u32, read_flags: 0, lock_owner: 0, flags: 0, padding: 0 }
+    }
+
+    #[test]
+    fn a_read_or_listing_larger_than_the_entry_is_refused_with_enomem() {
+        let (_dir, conn) = conn();
+        for opcode in [OP_READ, OP_READDIR] {
+            let (error, len) = serve(&conn, opcode, read_in(PAYLOAD + 1).as_bytes(), &[]);
+            assert_eq!((error, len), (-libc::ENOMEM, 16), "opcode {opcode}");
+        }
+        // The entry's size is served (here, a listing of the root without a handle).
+        let (error, _) = serve(&conn, OP_READDIR, read_in(PAYLOAD).as_bytes(), &[]);
+        assert_ne!(error, -libc::ENOMEM);
+    }
+
+    #[test]
+    fn a_name_must_end_in_its_nul() {
+        let (_dir, conn) = conn();
+        // The positive control: `home` in the root, ending in its NUL.
+        let (error, len) = serve(&conn, OP_LOOKUP, &[], b"home\0");
+        assert_eq!(error, 0);
+        assert!(len > 16, "an entry came back");
+        for bad in [&b"home"[..], b"ho\0me\0", b"home\0\0"] {
+            assert_eq!(serve(&conn, OP_LOOKUP, &[], bad).0, -libc::EINVAL, "{bad:?}");
+        }
+    }
+}
