@@ -94,6 +94,13 @@ impl PowerlossMount {
         self.command(&format!("after {n}"), &format!("armed {n}"));
     }
 
+    /// Turns ghosts on or off: while on, a file renamed away leaves its old name behind for one
+    /// lookup, which answers the moved file (then ENOENT); no listing shows it.
+    pub fn set_ghosts(&self, on: bool) {
+        let word = if on { "ghosts on" } else { "ghosts off" };
+        self.command(word, word);
+    }
+
     /// Forgets an armed cut that has not happened.
     pub fn disarm(&self) {
         self.command("disarm", "disarmed");

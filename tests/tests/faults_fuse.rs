@@ -876,6 +876,28 @@ fn queue_cycle_cut_at_every_sync_commits_once() {
     panic!("a queue cycle made more than {MAX_STEPS} syncs");
 }
 
+/// A result its worker moved beside the request, whose old name in the claim a network
+/// filesystem's client answers once more (GlusterFS, until a listing or a lookup reaches it):
+/// recovery's move of the result fails on the taken name, the claim then has no such file and
+/// does not list it. One result, not two; the finished claim is removed.
+#[test]
+fn a_result_the_claim_only_seems_to_hold_is_no_second_result() {
+    let mnt = PowerlossMount::start(170);
+    let root = mnt.path().join("q");
+    let q = Queue::open(&root, Duration::ZERO).unwrap();
+    fs::create_dir(root.join("claimed").join(JOB)).unwrap();
+    fs::write(root.join("done").join(JOB), b"{}").unwrap();
+    let result = format!("{JOB}.result");
+    fs::write(root.join("claimed").join(JOB).join(&result), b"{\"r\":1}").unwrap();
+    mnt.set_ghosts(true);
+    fs::rename(root.join("claimed").join(JOB).join(&result), root.join("done").join(&result)).unwrap();
+    let r = q.recover(ringfs::queue::Policy::Requeue).unwrap();
+    mnt.set_ghosts(false);
+    assert!(r.conflicts.is_empty(), "one result was taken for two: {r:?}");
+    assert_eq!(copies(&root), [format!("done/{JOB}"), format!("done/{JOB}.result")], "{r:?}");
+    assert_eq!(fs::read(root.join("done").join(&result)).unwrap(), b"{\"r\":1}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // The fault injection itself: a fault that did nothing would make every test above pass vacuously.
 
@@ -943,4 +965,18 @@ fn powerloss_fs_faults_do_what_they_say() {
     assert!(!mnt.status().down);
     let (r, cut) = mnt.cut_after(3, || f.sync_all().and_then(|()| f.sync_all()));
     assert_eq!((r.unwrap(), cut), ((), Cut { happened: false, syncs: 2 }));
+
+    // Ghosts: a moved file's old name answers one lookup with the moved file, then ENOENT, and
+    // is never listed; without ghosts a move leaves none.
+    use std::os::unix::fs::MetadataExt;
+    fs::create_dir(p("g")).unwrap();
+    fs::write(p("g/x"), b"x").unwrap();
+    fs::rename(p("g/x"), p("g/y")).unwrap();
+    assert_eq!(fs::metadata(p("g/x")).unwrap_err().raw_os_error(), Some(libc::ENOENT), "no ghost when off");
+    mnt.set_ghosts(true);
+    fs::rename(p("g/y"), p("g/x")).unwrap();
+    assert_eq!(names(&p("g")), ["x"]);
+    assert_eq!(fs::metadata(p("g/y")).unwrap().ino(), fs::metadata(p("g/x")).unwrap().ino(), "the ghost");
+    assert_eq!(fs::metadata(p("g/y")).unwrap_err().raw_os_error(), Some(libc::ENOENT), "once");
+    mnt.set_ghosts(false);
 }

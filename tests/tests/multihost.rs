@@ -140,3 +140,34 @@ fn two_daemons_on_one_glusterfs_volume_lose_nothing_and_commit_once() {
     race(&q, &qdirs[0], lease, spawn, 4, chaos, Duration::from_secs(1500));
     eprintln!("two hosts over glusterfs: {} jobs in {:?} with chaos", tests::race::JOBS, t.elapsed());
 }
+
+/// A result its worker moved beside the request on one host, which the other host's client
+/// still resolves under its old name in the claim (GlusterFS answers the first lookup of a name
+/// moved by another client from its own table, the next ones ENOENT): recovery on the other host
+/// sees the move fail on the taken name, finds no such file in the claim any more, and the claim
+/// does not list it. That is one result, not two.
+#[test]
+fn a_result_moved_on_one_host_is_no_second_result_on_the_other() {
+    let g = Gluster::start();
+    let [a, b] = &g.mounts;
+    let on_b = Queue::open(b.join("queue"), Duration::ZERO).unwrap();
+    // The other host has learnt that the volume refuses RENAME_NOREPLACE.
+    on_b.publish("probe.req.json", b"{}").unwrap();
+    assert!(on_b.without_noreplace(), "GlusterFS 10 refuses RENAME_NOREPLACE");
+    let job = "j.req.json";
+    let result = "j.req.json.result";
+    // A committed job whose worker, on host A, wrote its result in the claim and died.
+    let q = a.join("queue");
+    fs::create_dir(q.join("claimed").join(job)).unwrap();
+    fs::write(q.join("done").join(job), b"{}").unwrap();
+    fs::write(q.join("claimed").join(job).join(result), b"{\"by\":\"a\"}").unwrap();
+    // Host B sees the result in the claim; then host A's recovery moves it beside the request.
+    assert_eq!(fs::read(b.join("queue/claimed").join(job).join(result)).unwrap(), b"{\"by\":\"a\"}");
+    fs::rename(q.join("claimed").join(job).join(result), q.join("done").join(result)).unwrap();
+    let r = on_b.recover(ringfs::queue::Policy::Requeue).unwrap();
+    assert!(r.conflicts.is_empty(), "one result was taken for two: {r:?}");
+    assert_eq!(fs::read(q.join("done").join(result)).unwrap(), b"{\"by\":\"a\"}");
+    // (Asked by a listing: host A's client, too, answers a lookup of the removed name once.)
+    let claims: Vec<_> = fs::read_dir(q.join("claimed")).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(claims.is_empty(), "the finished claim is removed: {claims:?} {r:?}");
+}

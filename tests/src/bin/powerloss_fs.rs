@@ -35,6 +35,10 @@
 //! - `restart` (answer `restarted`): clears the down state, like a reboot after the cut.
 //! - `status` (answer `status syncs=S armed=A down=D eio=E`): S successful syncs since mounting,
 //!   A syncs left before an armed cut (0 when not armed), D and E 1 or 0.
+//! - `ghosts on`, `ghosts off` (answer: the same words): while on, a file renamed away from a
+//!   name leaves a ghost there, as a network filesystem's client that another client's move
+//!   has not reached yet (GlusterFS): the first LOOKUP of the old name answers the moved file,
+//!   the next ones ENOENT, and no listing shows it. A name made there again lays the ghost.
 //!
 //! Anything else is answered `error: ...`. End of input ends the commands, not the filesystem.
 //!
@@ -170,6 +174,8 @@ struct Faults {
     down: bool,
     /// Successful syncs since mounting.
     syncs: u64,
+    /// Renames leave ghosts.
+    ghosts: bool,
 }
 
 #[derive(Debug)]
@@ -178,6 +184,8 @@ struct State {
     next_ino: u64,
     rng: StdRng,
     faults: Faults,
+    /// Old names of moved files, by directory and name: the file each still answers once.
+    ghosts: HashMap<(u64, Vec<u8>), u64>,
 }
 
 /// The filesystem: one lock around all state.
@@ -289,6 +297,7 @@ impl State {
         if self.dir(parent)?.cur.entries.contains_key(name) {
             return Err(err(libc::EEXIST));
         }
+        self.ghosts.remove(&(parent, name.to_vec()));
         let ino = self.next_ino;
         self.next_ino += 1;
         let node = Node::new(dir, mode, ctx.uid, ctx.gid);
@@ -350,6 +359,10 @@ impl State {
                 (true, true) if !d.cur.entries.is_empty() => return Err(err(libc::ENOTEMPTY)),
                 _ => {}
             }
+        }
+        self.ghosts.remove(&(newdir, new.clone()));
+        if self.faults.ghosts && !self.node(src)?.dir {
+            self.ghosts.insert((olddir, old.clone()), src);
         }
         self.dir_mut(olddir)?.cur.entries.remove(&old);
         self.dir_mut(newdir)?.cur.entries.insert(new, src);
@@ -423,6 +436,15 @@ impl State {
                 f.armed = 0;
                 "disarmed".into()
             }
+            ["ghosts", "on"] => {
+                f.ghosts = true;
+                "ghosts on".into()
+            }
+            ["ghosts", "off"] => {
+                f.ghosts = false;
+                self.ghosts.clear();
+                "ghosts off".into()
+            }
             ["restart"] => {
                 f.down = false;
                 "restarted".into()
@@ -456,6 +478,7 @@ impl PowerlossFs {
                 next_ino: ROOT_ID + 1,
                 rng: StdRng::seed_from_u64(seed),
                 faults: Faults::default(),
+                ghosts: HashMap::new(),
             }),
         }
     }
@@ -489,8 +512,11 @@ impl FileSystem for PowerlossFs {
     }
 
     fn lookup(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
-        let st = self.live()?;
-        let ino = st.child(parent, name)?;
+        let mut st = self.live()?;
+        let ino = match st.child(parent, name) {
+            Err(e) => st.ghosts.remove(&(parent, name.to_bytes().to_vec())).ok_or(e)?,
+            found => found?,
+        };
         Ok(st.node(ino)?.entry(ino))
     }
 
