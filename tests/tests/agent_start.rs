@@ -836,8 +836,15 @@ fn a_symlink_in_the_agents_home_is_never_followed_by_the_launcher() {
     std::os::unix::fs::symlink(&outside, home.join(".pi/agent")).unwrap();
     let out = run_cli(&w, &session("link"), "pi", &secrets, &["-p", "hi"]);
     assert!(fs::read_dir(&outside).unwrap().next().is_none(), "nothing was written outside: {}", text(&out));
-    // The home itself replaced by a link: refused, and the link's target untouched.
-    fs::rename(&home, w.s.dir.path().join("old-home")).unwrap();
+    // The home itself a link, as the agent's first run finds it (in a world of its own, whose
+    // mount has never seen this home as a directory): refused, and the link's target
+    // untouched.
+    let w = World::new();
+    let secrets = with_model(&w, "openai-responses", &ep, "sk-link-key");
+    let outside = w.s.dir.path().join("outside");
+    fs::create_dir_all(&outside).unwrap();
+    let home = w.s.storage.join("home/1000/agent/coder/home");
+    fs::create_dir_all(home.parent().unwrap()).unwrap();
     std::os::unix::fs::symlink(&outside, &home).unwrap();
     let who = |p: &Path| {
         use std::os::unix::fs::MetadataExt;
@@ -847,6 +854,11 @@ fn a_symlink_in_the_agents_home_is_never_followed_by_the_launcher() {
     let before = who(&outside);
     let out = run_cli(&w, &session("link2"), "pi", &secrets, &["-p", "hi"]);
     assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("coder/home"),
+        "refused for its home: {}",
+        text(&out)
+    );
     assert_eq!(who(&outside), before, "the link's target keeps its owner, group and mode");
     assert!(fs::read_dir(&outside).unwrap().next().is_none());
 }
