@@ -225,6 +225,25 @@ fn agents_made_at_once_in_many_storages_never_share_an_id() {
     assert_eq!(ids.len(), 8, "one id each: {ids:?}");
 }
 
+/// An id given explicitly (`--uid`) in one storage is recorded host-wide like one the store
+/// gives: another storage's next agent never gets it.
+#[test]
+fn an_id_given_explicitly_in_one_storage_is_never_given_by_another() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let uid = |d: &Path, n: &str| -> u32 {
+        fs::read_to_string(d.join(format!("agent/{n}.d/uid"))).unwrap().trim().parse().unwrap()
+    };
+    // The id storage B would give next: the one after the id it gives now.
+    ok(&ctx(b.path(), &["agent", "new", "probe"]));
+    let next = uid(b.path(), "probe") + 1;
+    ok(&ctx(a.path(), &["agent", "new", "chosen", "--uid", &next.to_string()]));
+    let recorded = fs::read_to_string("/var/lib/cortexfs/agent-ids").unwrap();
+    let line = format!("{next} {} chosen", a.path().display());
+    assert!(recorded.lines().any(|l| l == line), "{line:?} recorded");
+    ok(&ctx(b.path(), &["agent", "new", "later"]));
+    assert_ne!(uid(b.path(), "later"), next, "storage A's agent holds it");
+}
+
 #[test]
 fn ls_inspect_and_rm() {
     let d = tempfile::tempdir().unwrap();

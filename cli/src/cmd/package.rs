@@ -75,24 +75,16 @@ pub fn install(a: InstallArgs) -> anyhow::Result<()> {
     };
     let pkg = package::check(dir).map_err(|p| problems(dir, &p, true))?;
     // A label belongs to one agent, however the agent is made.
-    let held = ctxterm::launch::agents::installed(&a.source).map_err(exit::launch)?;
     for o in pkg.objects.iter().filter(|o| o.manifest.class == policy::controls::ObjectClass::Agent) {
         let Some(label) = o.controls.get("label").map(|b| String::from_utf8_lossy(b).trim().to_owned())
         else {
             continue;
         };
-        if let Some(other) = held
-            .iter()
-            .find(|h| h.label.as_deref() == Some(label.as_str()) && h.name != o.manifest.name.to_string())
+        let name = o.manifest.name.to_string();
+        if let Some(why) =
+            ctxterm::launch::agents::label_taken(&a.source, &name, &label).map_err(exit::launch)?
         {
-            return Err(Exit::new(
-                exit::INVALID,
-                format!(
-                    "agent/{}: label {label} is agent/{}'s: a label belongs to one agent",
-                    o.manifest.name, other.name
-                ),
-            )
-            .into());
+            return Err(Exit::new(exit::INVALID, format!("agent/{name}: {why}")).into());
         }
     }
     let steps = package::install(&a.source, &pkg, tier, a.dry_run).map_err(fail)?;

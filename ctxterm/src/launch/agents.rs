@@ -339,14 +339,13 @@ pub fn create_as(storage: &Path, mut a: Spec, allow_root: bool) -> Result<String
         return Err(Error::State(format!("agent/{name} already exists")));
     }
     // An agent of its own gets an identity of its own (a child shares its parent's), chosen
-    // and recorded under the host-wide lock.
-    let mut given = None;
-    let _ids = if a.uid.is_none() { Some(lock_host_ids()?) } else { None };
+    // and recorded under the host-wide lock; one given explicitly is recorded too, so that no
+    // storage on the host gives it again.
+    let _ids = if parent.is_none() { Some(lock_host_ids()?) } else { None };
     if a.uid.is_none() {
         let id = free_id(storage)?;
         a.uid = Some(id);
         a.gid = a.gid.or(Some(id));
-        given = Some(id);
     } else if parent.is_none() {
         let uid = a.uid.unwrap_or_default();
         if uid == 0 && !allow_root {
@@ -376,11 +375,7 @@ pub fn create_as(storage: &Path, mut a: Spec, allow_root: bool) -> Result<String
         )));
     }
     generated::validate(&name, &controls).map_err(invalid)?;
-    // A label belongs to one agent: policies grant to labels, so a second agent wearing one
-    // would hold whatever the first was granted.
-    if let Some(other) = installed(storage)?.into_iter().find(|o| o.label.as_deref() == Some(label.as_str()))
-    {
-        let why = format!("label {label} is agent/{}'s: a label belongs to one agent", other.name);
+    if let Some(why) = label_taken(storage, &name, &label)? {
         return Err(if parent.is_some() { Error::Denied(why) } else { Error::Invalid(why) });
     }
     // Lines that name a label no agent holds (left by `ctx agent rm`, or written ahead) grant
@@ -413,11 +408,22 @@ pub fn create_as(storage: &Path, mut a: Spec, allow_root: bool) -> Result<String
     })?;
     let mut said: Vec<String> =
         done.cleared.iter().map(|p| format!("cleared residue {}", p.display())).collect();
-    if let Some(id) = given {
-        record_host_id(id, storage, &name)?;
+    if parent.is_none() {
+        record_host_id(uid, storage, &name)?;
     }
     said.push(format!("created agent/{name} (label {label}, uid {uid})"));
     Ok(said.join("\n"))
+}
+
+/// Why agent `name` of `storage` may not wear `label`, when another agent of it does: a label
+/// belongs to one agent, since policies grant to labels and a second agent wearing one would
+/// hold whatever the first was granted. Every way to make an agent asks this (`agent new`,
+/// `agent.create`, a package's agents).
+pub fn label_taken(storage: &Path, name: &str, label: &str) -> Result<Option<String>> {
+    Ok(installed(storage)?
+        .into_iter()
+        .find(|o| o.label.as_deref() == Some(label) && o.name != name)
+        .map(|other| format!("label {label} is agent/{}'s: a label belongs to one agent", other.name)))
 }
 
 /// Gives the installed agent `name` an identity of its own when it has none (a package's
