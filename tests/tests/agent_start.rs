@@ -1314,3 +1314,33 @@ fn interactive_codex_and_claude_code_are_usable_attached_from_a_terminal() {
     interactive("codex", "openai-responses", "Ask Codex to do anything", &[]);
     interactive("claude", "anthropic-messages", "API Usage Billing", &[("trust this folder", "Down Enter")]);
 }
+
+/// Root's walk through a run's session directory crosses no mount: with a filesystem mounted
+/// on the session's `context/` (on the host mount, where the launcher works), a start is
+/// refused and the mounted filesystem's root keeps its owner and mode.
+#[test]
+fn a_mount_in_a_session_is_never_crossed_by_the_launcher() {
+    use std::os::unix::fs::MetadataExt;
+    let w = World::new();
+    let s = session("xdev");
+    let out = w.start(&s, &["--wait"], &["/bin/true"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let context = w.s.mnt.join(format!("home/1000/agent/coder/session/{s}/context"));
+    assert!(context.is_dir());
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m,mode=0755", "cfs-xdev"])
+        .arg(&context)
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    let who = || fs::metadata(&context).map(|m| (m.uid(), m.gid(), m.mode())).unwrap();
+    let before = who();
+    let out = w.start(&s, &["--wait"], &["/bin/true"]);
+    let after = who();
+    let names: Vec<_> = fs::read_dir(&context).unwrap().flatten().map(|e| e.file_name()).collect();
+    let _ = Command::new("umount").arg(&context).status();
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("context"), "{}", text(&out));
+    assert_eq!(after, before, "the mount's root keeps its owner, group and mode");
+    assert!(names.is_empty(), "nothing was made in it: {names:?}");
+}

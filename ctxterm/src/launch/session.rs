@@ -49,15 +49,27 @@ pub fn open_dir(d: &Path) -> std::io::Result<OwnedFd> {
     crate::beneath::open_dir(d, flags).map_err(Into::into)
 }
 
-/// Opens (or makes) the directory `name` in `dir`, not following a symlink.
+/// How a name of a level the agent owns is resolved: beneath its directory, through no link
+/// and across no mount.
+const OWNED: ResolveFlags = ResolveFlags::BENEATH
+    .union(ResolveFlags::NO_SYMLINKS)
+    .union(ResolveFlags::NO_MAGICLINKS)
+    .union(ResolveFlags::NO_XDEV);
+
+/// Opens (or makes) the directory `name` in `dir`, a level the agent owns: not following a
+/// symlink, not crossing a mount.
 fn sub_dir(dir: &OwnedFd, name: &str) -> std::io::Result<OwnedFd> {
+    level(dir, name, OWNED)
+}
+
+/// Opens (or makes) the directory `name` in `dir` with `resolve`.
+fn level(dir: &OwnedFd, name: &str, resolve: ResolveFlags) -> std::io::Result<OwnedFd> {
     match rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o755)) {
         Ok(()) | Err(rustix::io::Errno::EXIST) => {}
         Err(e) => return Err(e.into()),
     }
     let flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC;
-    rustix::fs::openat2(dir, name, flags, Mode::empty(), ResolveFlags::NO_SYMLINKS | ResolveFlags::BENEATH)
-        .map_err(Into::into)
+    rustix::fs::openat2(dir, name, flags, Mode::empty(), resolve).map_err(Into::into)
 }
 
 /// Opens the file `name` of `dir` for writing (`flags` added), never through a symlink, and
@@ -70,8 +82,13 @@ fn file_at(dir: &OwnedFd, name: &str, flags: OFlags) -> std::io::Result<std::fs:
 /// Opens `name` of `dir` with `flags`, never through a symlink, non-blocking until it is
 /// known to be a regular file; anything else is refused with `EINVAL`.
 fn regular(dir: &OwnedFd, name: &str, flags: OFlags, mode: Mode) -> std::io::Result<std::fs::File> {
-    let f =
-        rustix::fs::openat(dir, name, flags | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK, mode)?;
+    let f = rustix::fs::openat2(
+        dir,
+        name,
+        flags | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        mode,
+        OWNED,
+    )?;
     if rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&f)?.st_mode)
         != rustix::fs::FileType::RegularFile
     {
@@ -136,7 +153,10 @@ pub fn prepare(
         }
     };
     for (i, part) in parts.iter().enumerate() {
-        fd = sub_dir(&fd, part).map_err(at(d))?;
+        // Above the levels the run owns, the operator's mounts are crossed (`home/` and
+        // `shared/` are the data connection's; a space may be a volume of its own).
+        let resolve = if i >= first_owned { OWNED } else { OWNED.difference(ResolveFlags::NO_XDEV) };
+        fd = level(&fd, part, resolve).map_err(at(d))?;
         if shared && i == 1 {
             // `shared/<space>`: its group is the space's.
             group = rustix::fs::fstat(&fd).map_err(|e| at(d)(e.into()))?.st_gid;
@@ -146,7 +166,7 @@ pub fn prepare(
         }
     }
     let dir = fd;
-    let context = sub_dir(&dir, "context").map_err(at(d))?;
+    let context = sub_dir(&dir, "context").map_err(at(&d.join("context")))?;
     own(&context, true, group).map_err(at(d))?;
     let put = |name: &str, text: &str, keep: bool| -> Result<()> {
         let p = d.join(name);
@@ -164,7 +184,7 @@ pub fn prepare(
     put("cwd", &format!("{cwd}\n"), false)?;
     put("latest.md", "", true)?;
     // The terminal's ABI path (spec §7): a symlink to the socket in the run's directory.
-    let term = sub_dir(&dir, "terminal").map_err(at(d))?;
+    let term = sub_dir(&dir, "terminal").map_err(at(&d.join("terminal")))?;
     own(&term, true, group).map_err(at(d))?;
     let _ = rustix::fs::unlinkat(&term, "main.sock", AtFlags::empty());
     rustix::fs::symlinkat(terminal, &term, "main.sock")

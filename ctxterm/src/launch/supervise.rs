@@ -280,7 +280,10 @@ fn serve_key(c: &Contract, key: Vec<u8>) -> Result<()> {
                 name,
                 rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC,
                 rustix::fs::Mode::empty(),
-                rustix::fs::ResolveFlags::BENEATH | rustix::fs::ResolveFlags::NO_SYMLINKS,
+                rustix::fs::ResolveFlags::BENEATH
+                    | rustix::fs::ResolveFlags::NO_SYMLINKS
+                    | rustix::fs::ResolveFlags::NO_MAGICLINKS
+                    | rustix::fs::ResolveFlags::NO_XDEV,
             );
             if let Ok(fd) = opened {
                 let _ = dir.remove(name);
