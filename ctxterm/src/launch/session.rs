@@ -82,6 +82,8 @@ fn file_at(dir: &OwnedFd, name: &str, flags: OFlags) -> std::io::Result<std::fs:
 /// Opens `name` of `dir` with `flags`, never through a symlink, non-blocking until it is
 /// known to be a regular file; anything else is refused with `EINVAL`.
 fn regular(dir: &OwnedFd, name: &str, flags: OFlags, mode: Mode) -> std::io::Result<std::fs::File> {
+    // openat2 takes a mode only for a file it may create (EINVAL otherwise).
+    let mode = if flags.contains(OFlags::CREATE) { mode } else { Mode::empty() };
     let f = rustix::fs::openat2(
         dir,
         name,
@@ -319,6 +321,20 @@ mod tests {
         assert_eq!(read, Err(Some(libc_einval())));
         // Opened for writing with no reader: ENXIO before any type check.
         assert!(append.is_err(), "{append:?}");
+    }
+
+    /// The session's own files are appended to, read and replaced as regular files (an open
+    /// without `O_CREAT` takes no mode: openat2 refuses one).
+    #[test]
+    fn a_session_file_is_appended_read_and_replaced() {
+        let d = tempfile::tempdir().unwrap();
+        // root's: the test's own temporary directory
+        std::fs::write(d.path().join("events.jsonl"), "").unwrap();
+        append_event(d.path(), &serde_json::json!({"n": 1})).unwrap();
+        append_line(d.path(), "events.jsonl", &serde_json::json!({"n": 2})).unwrap();
+        assert_eq!(read_file(d.path(), "events.jsonl", 100).unwrap(), "{\"n\":1}\n{\"n\":2}\n");
+        replace_file(d.path(), "latest.md", "hi\n").unwrap();
+        assert_eq!(read_file(d.path(), "latest.md", 100).unwrap(), "hi\n");
     }
 
     fn libc_einval() -> i32 {
