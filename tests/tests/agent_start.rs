@@ -430,6 +430,12 @@ fn probe_network(w: &World, profile: &str) {
         .output()
         .unwrap();
     assert!(!probe.status.success(), "{profile}: the host's listener answered inside: {}", text(&probe));
+    // The probe ran and its connection failed (not nsenter).
+    assert!(
+        String::from_utf8_lossy(&probe.stderr).contains("Connection refused"),
+        "{profile}: {}",
+        text(&probe)
+    );
     let stop = Command::new(tests::bin("ctx"))
         .args(["agent", "stop", "coder", "--session", &s, "--control"])
         .arg(&w.s.control)

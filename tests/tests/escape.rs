@@ -218,6 +218,11 @@ chmod 4755 x; echo "chmod-suid $?" >> codes
 chmod 777 /workspace/op.sh; echo "chmod-op $?" >> codes
 python3 -c 'import os; os.close(os.open("y", os.O_CREAT|os.O_WRONLY, 0o4755))'; echo "create $?" >> codes
 python3 -c 'import os; os.mkdir("d", 0o2775)'; echo "mkdir $?" >> codes
+python3 -c 'import ctypes, os, struct
+libc = ctypes.CDLL(None, use_errno=True)
+how = ctypes.create_string_buffer(struct.pack("QQQ", os.O_CREAT | os.O_WRONLY, 0o4755, 0))
+r = libc.syscall(437, -100, b"z", how, 24)
+print("openat2", r, ctypes.get_errno())' >> codes
 touch /workspace/mine; echo "touch-root-dir $?" >> codes
 "#;
     let session = tests::unique("su");
@@ -250,6 +255,9 @@ touch /workspace/mine; echo "touch-root-dir $?" >> codes
             assert_eq!(uid, 1331, "{} is the agent's, not root's", p.display());
         }
     }
+    // openat2, whose mode the filter cannot read, is not there: the setuid file is never made.
+    assert!(codes.contains(&format!("openat2 -1 {}", libc::ENOSYS)), "{codes}");
+    assert!(!work.join("open/z").exists(), "{codes}");
     let op = fs::metadata(work.join("op.sh")).unwrap();
     assert_eq!((op.mode() & 0o7777, op.uid()), (0o644, 0), "the operator's file keeps its mode: {codes}");
     assert!(!work.join("mine").exists(), "root's directory is not the agent's to write: {codes}");

@@ -41,8 +41,9 @@ fn the_queues_properties_on_glusterfs() {
     // by what the volume does (link, mkdir, rename), never by a lookup.
     let t = std::time::Instant::now();
     while b.join("y").exists() || !b.join("z").exists() {
+        // A guard against a hang, not a measure: generous, whatever the machine's load.
         assert!(
-            t.elapsed() < std::time::Duration::from_secs(5),
+            t.elapsed() < std::time::Duration::from_secs(30),
             "the rename never showed on the other mount"
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
@@ -63,7 +64,8 @@ fn the_queues_properties_on_glusterfs() {
     drop(held);
     let t = std::time::Instant::now();
     while rustix::fs::flock(&other, FlockOperation::NonBlockingLockShared) == Err(Errno::WOULDBLOCK) {
-        assert!(t.elapsed() < std::time::Duration::from_secs(5), "the lock was never released");
+        // A guard against a hang, not a measure.
+        assert!(t.elapsed() < std::time::Duration::from_secs(30), "the lock was never released");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 

@@ -10,7 +10,7 @@
 //! | `ioctl(TIOCSTI)`, `ioctl(TIOCLINUX)` | typing into a terminal the agent does not own (its own PTY's owner, or a console) |
 //! | `ptrace`, `process_vm_readv`, `process_vm_writev`, `pidfd_getfd` | reading, steering or robbing other processes of the sandbox: `ctxterm`, which holds the PTY, the terminal socket and the caller's streams, and the sandbox's pid 1 (ctxterm is undumpable too, in every mode) |
 //! | `io_uring_setup`, `io_uring_enter`, `io_uring_register` | a second way to make every file and socket call, which this filter cannot see into, and a large kernel attack surface |
-//! | `chmod`, `fchmod`, `fchmodat`, `fchmodat2` with `S_ISUID` or `S_ISGID` in the mode; `open`, `openat`, `creat`, `mkdir`, `mkdirat`, `mknod`, `mknodat` with either in the mode | a setuid or setgid file left on the host, where no sandbox's `nosuid` mount applies (`openat2` keeps its mode behind a pointer: the gap is in docs/security.md) |
+//! | `chmod`, `fchmod`, `fchmodat`, `fchmodat2` with `S_ISUID` or `S_ISGID` in the mode; `open`, `openat`, `creat`, `mkdir`, `mkdirat`, `mknod`, `mknodat` with either in the mode | a setuid or setgid file left on the host, where no sandbox's `nosuid` mount applies (`openat2`, which keeps its mode behind a pointer, fails with `ENOSYS`, below) |
 //! | `keyctl`, `add_key`, `request_key` | the kernel keyrings are not namespaced: keys of the same uid elsewhere |
 //! | `bpf`, `perf_event_open`, `userfaultfd` | kernel attack surface and side channels that agents have no use for |
 //! | `kexec_load`, `kexec_file_load`, `reboot`, `init_module`, `finit_module`, `delete_module`, `swapon`, `swapoff`, `acct`, `quotactl`, `syslog`, `iopl`, `ioperm` | the host's kernel and devices |
@@ -22,7 +22,10 @@
 //! | any x32 system call (number with bit 30 set), any non-x86-64 architecture (killed) | the same calls under other numbers |
 //!
 //! `clone3` cannot be filtered on its flags (they are behind a pointer), so it fails with
-//! `ENOSYS` and C libraries fall back to `clone`, whose flags are checked.
+//! `ENOSYS` and C libraries fall back to `clone`, whose flags are checked. `openat2` keeps its
+//! mode behind a pointer too: it fails with `ENOSYS`, and programs fall back to `openat`, whose
+//! mode is checked (the core tools then confine their paths beneath the workspace one
+//! component at a time).
 
 use std::collections::BTreeMap;
 
@@ -156,17 +159,21 @@ pub fn program() -> Result<Vec<u8>, Error> {
     let jge = libc::BPF_JMP as u16 | libc::BPF_JGE as u16 | libc::BPF_K as u16;
     let ret = libc::BPF_RET as u16 | libc::BPF_K as u16;
     let errno = |e: i32| libc::SECCOMP_RET_ERRNO | (e as u32 & libc::SECCOMP_RET_DATA);
+    // openat2 likewise carries its mode (a setuid file) in memory: ENOSYS, and the core tools
+    // resolve their paths beneath the workspace without it.
     let ours = [
         sock_filter { code: ld_nr, jt: 0, jf: 0, k: 0 },
-        sock_filter { code: jge, jt: 2, jf: 0, k: X32_SYSCALL_BIT },
-        sock_filter { code: jeq, jt: 0, jf: 2, k: libc::SYS_clone3 as u32 },
+        sock_filter { code: jge, jt: 3, jf: 0, k: X32_SYSCALL_BIT },
+        sock_filter { code: jeq, jt: 1, jf: 0, k: libc::SYS_clone3 as u32 },
+        sock_filter { code: jeq, jt: 0, jf: 2, k: libc::SYS_openat2 as u32 },
         sock_filter { code: ret, jt: 0, jf: 0, k: errno(libc::ENOSYS) },
         sock_filter { code: ret, jt: 0, jf: 0, k: errno(libc::EPERM) },
     ];
     if prog.len() < 3 {
         return Err(Error("seccompiler produced no architecture check".into()));
     }
-    // x32 numbers jump to the EPERM return; clone3 to ENOSYS; the rest to seccompiler's rules.
+    // x32 numbers jump to the EPERM return; clone3 and openat2 to ENOSYS; the rest to
+    // seccompiler's rules.
     prog.splice(3..3, ours);
     Ok(prog
         .iter()
