@@ -38,6 +38,11 @@ const BENEATH: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_MAGICLINKS)
     .union(ResolveFlags::NO_XDEV);
 
+/// How deep [`Tree::remove_all`] goes (each level holds a descriptor while it is emptied).
+pub const REMOVE_DEPTH: usize = 256;
+/// How many names [`Tree::remove_all`] lists at once.
+const REMOVE_BATCH: usize = 1024;
+
 /// A directory of a tree an agent may write, kept open: everything below it is reached
 /// beneath this descriptor only.
 #[derive(Debug)]
@@ -136,19 +141,38 @@ impl Tree {
     }
 
     /// Opens the regular file `rel` with `flags` (`O_NOFOLLOW` and `O_CLOEXEC` added; `mode` for
-    /// a file it creates). Anything but a regular file is refused (`EINVAL`), before a byte of
-    /// it is read or written.
+    /// a file it creates). Refused before a byte of it is read or written: anything but a
+    /// regular file (`EINVAL`), a file of an owner other than root and the owner of the tree's
+    /// own directory, and a file with a second name (`EPERM`: a hard link to a file elsewhere,
+    /// which the tree's owner could have made where the kernel lets it).
     pub fn file(&self, rel: impl AsRef<Path>, flags: OFlags, mode: u32) -> io::Result<File> {
         let rel = rel.as_ref();
         // A FIFO is never opened for I/O: it would block root on the agent (O_NONBLOCK means
         // nothing to a regular file).
-        let fd = self.at(rel, flags | OFlags::NONBLOCK, Mode::from_raw_mode(mode))?;
+        // Nor truncated before it is checked: O_TRUNC is applied after the checks.
+        let fd = self.at(rel, (flags - OFlags::TRUNC) | OFlags::NONBLOCK, Mode::from_raw_mode(mode))?;
         let st = rustix::fs::fstat(&fd).map_err(err)?;
+        let refused = |kind, why: &str| Err(named(&self.shown(rel), io::Error::new(kind, why.to_owned())));
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-            return Err(named(
-                &self.shown(rel),
-                io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"),
-            ));
+            return refused(io::ErrorKind::InvalidInput, "not a regular file");
+        }
+        let owner = rustix::fs::fstat(&self.fd).map_err(err)?.st_uid;
+        if st.st_uid != 0 && st.st_uid != owner {
+            return refused(io::ErrorKind::PermissionDenied, "a file of another owner than the tree's");
+        }
+        if st.st_nlink > 1 {
+            return refused(io::ErrorKind::PermissionDenied, "a file with more than one name");
+        }
+        rustix::fs::fcntl_setfl(&fd, rustix::fs::fcntl_getfl(&fd).map_err(err)? & !OFlags::NONBLOCK)
+            .map_err(err)?;
+        if flags.contains(OFlags::TRUNC) {
+            // Opened again through its descriptor, with O_TRUNC (a control of the /ctx mount is
+            // replaced by an open that truncates, not by a truncate): what was checked is what
+            // is truncated.
+            let again = flags & !(OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW) | OFlags::CLOEXEC;
+            let fd = rustix::fs::open(format!("/proc/self/fd/{}", fd.as_raw_fd()), again, Mode::empty())
+                .map_err(|e| named(&self.shown(rel), err(e)))?;
+            return Ok(File::from(fd));
         }
         Ok(File::from(fd))
     }
@@ -238,8 +262,14 @@ impl Tree {
     /// Removes `name` and everything below it, never following a symlink and never crossing a
     /// mount: a mount point below it stops the removal with `EXDEV` (unmount it first), and
     /// what was on the other side is not touched. Missing is not an error.
+    ///
+    /// Root's work is bounded: entries are listed a batch at a time, and a tree deeper than
+    /// [`REMOVE_DEPTH`] levels is refused (`ELOOP`) when the removal reaches that depth.
     pub fn remove_all(&self, name: impl AsRef<Path>) -> io::Result<()> {
-        let name = name.as_ref();
+        self.remove_all_at(name.as_ref(), 0)
+    }
+
+    fn remove_all_at(&self, name: &Path, depth: usize) -> io::Result<()> {
         let st = match rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) => st,
             Err(rustix::io::Errno::NOENT) => return Ok(()),
@@ -253,8 +283,20 @@ impl Tree {
         if sub.stat("")?.st_dev != self.stat("")?.st_dev {
             return Err(named(&self.shown(name), err(rustix::io::Errno::XDEV)));
         }
-        for n in sub.names(usize::MAX)? {
-            sub.remove_all(&n)?;
+        if depth == REMOVE_DEPTH {
+            return Err(named(
+                &self.shown(name),
+                io::Error::other(format!("deeper than {REMOVE_DEPTH} levels: not removed")),
+            ));
+        }
+        loop {
+            let batch = sub.names(REMOVE_BATCH)?;
+            if batch.is_empty() {
+                break;
+            }
+            for n in batch {
+                sub.remove_all_at(Path::new(&n), depth + 1)?;
+            }
         }
         self.remove_dir(name)
     }
@@ -376,6 +418,32 @@ mod tests {
         assert_eq!(t.read_string("a/b/c", 10).unwrap(), "hi!");
     }
 
+    /// A file of a third owner, or with a second name (a hard link to a file elsewhere), is
+    /// neither read nor written, whoever made it; root's and the tree owner's files are.
+    #[test]
+    fn a_file_of_another_owner_or_with_a_second_name_is_refused() {
+        let (d, t) = tmp();
+        let agent = 4242;
+        rustix::fs::chown(d.path(), Some(rustix::fs::Uid::from_raw(agent)), None).unwrap();
+        t.write("roots", b"r", 0o644).unwrap();
+        let mine = t.write("agents", b"a", 0o644).unwrap();
+        own(&mine, agent, agent).unwrap();
+        let third = t.write("third", b"t", 0o644).unwrap();
+        own(&third, agent + 1, agent + 1).unwrap();
+        assert_eq!(t.read_string("roots", 10).unwrap(), "r");
+        assert_eq!(t.read_string("agents", 10).unwrap(), "a");
+        assert!(t.read("third", 10).is_err());
+        assert!(t.write("third", b"PWNED", 0o644).is_err());
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("x"), "root's\n").unwrap();
+        std::fs::hard_link(outside.path().join("x"), d.path().join("linked")).unwrap();
+        assert!(t.write("linked", b"PWNED\n", 0o644).is_err());
+        assert!(t.append("linked", b"PWNED\n").is_err());
+        assert!(t.read("linked", 10).is_err());
+        assert_eq!(std::fs::read_to_string(outside.path().join("x")).unwrap(), "root's\n");
+        assert_eq!(std::fs::read_to_string(d.path().join("third")).unwrap(), "t");
+    }
+
     #[test]
     fn a_socket_is_connected_only_when_it_is_one_of_the_owner_expected() {
         let (d, t) = tmp();
@@ -387,6 +455,26 @@ mod tests {
         let _o = std::os::unix::net::UnixListener::bind(other.path().join("s")).unwrap();
         std::os::unix::fs::symlink(other.path().join("s"), d.path().join("link")).unwrap();
         assert!(t.connect("link", me).is_err(), "a symlink to another socket is refused");
+    }
+
+    /// Removal lists a batch of names at a time and stops at its depth.
+    #[test]
+    fn remove_all_is_bounded_in_names_at_once_and_in_depth() {
+        let (d, t) = tmp();
+        let wide = t.make_dirs("wide", 0o700).unwrap();
+        for i in 0..2500 {
+            wide.write(format!("f{i}"), b"", 0o600).unwrap();
+        }
+        t.remove_all("wide").unwrap();
+        assert!(!d.path().join("wide").exists());
+        let deep: PathBuf = (0..REMOVE_DEPTH + 2).map(|_| "d").collect();
+        t.make_dirs(&deep, 0o700).unwrap();
+        let e = t.remove_all("d").unwrap_err();
+        assert!(e.to_string().contains("deeper than"), "{e}");
+        let shallow: PathBuf = (0..REMOVE_DEPTH).map(|_| "s").collect();
+        t.make_dirs(&shallow, 0o700).unwrap();
+        t.remove_all("s").unwrap();
+        assert!(!d.path().join("s").exists());
     }
 
     #[test]
