@@ -198,23 +198,13 @@ mod tests {
                 "{how}"
             );
             let name = format!("new-{}", how.len());
-            let f = open(
-                &ws,
-                Path::new(&name),
-                Path::new(&name),
-                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
-                Mode::from_raw_mode(0o600),
-            )
-            .unwrap();
+            let create = || {
+                let new = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL;
+                open(&ws, Path::new(&name), Path::new(&name), new, Mode::from_raw_mode(0o600))
+            };
+            let f = create().unwrap();
             assert_eq!(rustix::fs::fstat(&f).unwrap().st_mode & 0o777, 0o600, "{how}");
-            let again = open(
-                &ws,
-                Path::new(&name),
-                Path::new(&name),
-                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
-                Mode::from_raw_mode(0o600),
-            );
-            assert!(again.is_err(), "{how}: made once");
+            assert!(create().is_err(), "{how}: made once");
         }
     }
 }

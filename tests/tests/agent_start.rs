@@ -62,9 +62,27 @@ impl World {
         c
     }
 
+    /// `ctx agent stop coder --session SESSION` on this world.
+    fn stop(&self, session: &str) -> Output {
+        Command::new(tests::bin("ctx"))
+            .args(["agent", "stop", "coder", "--session", session, "--control"])
+            .arg(&self.s.control)
+            .output()
+            .unwrap()
+    }
+
     fn start(&self, session: &str, extra: &[&str], cmd: &[&str]) -> Output {
         self.command(session, extra).args(cmd).env("SECRET_TOKEN", "operator-secret").output().unwrap()
     }
+}
+
+/// The pids cgroup of coder's run of session `s` (v2 or v1, whichever has the controller).
+fn pids_group(s: &str) -> PathBuf {
+    ["/sys/fs/cgroup/unified/cortexfs", "/sys/fs/cgroup/cortexfs", "/sys/fs/cgroup/pids/cortexfs"]
+        .iter()
+        .map(|r| Path::new(r).join(format!("coder.{s}")))
+        .find(|d| d.join("pids.max").exists())
+        .expect("the run's pids group")
 }
 
 fn session(tag: &str) -> String {
@@ -196,11 +214,7 @@ fn stop_leaves_nothing_behind_and_two_clients_share_the_terminal() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(100));
-    let out = Command::new(tests::bin("ctx"))
-        .args(["agent", "stop", "coder", "--session", &s, "--control"])
-        .arg(&w.s.control)
-        .output()
-        .unwrap();
+    let out = w.stop(&s);
     assert!(out.status.success(), "{}", text(&out));
     let recorded: i32 =
         fs::read_to_string(w.s.run_dir("coder", &s).join("exit")).unwrap().trim().parse().unwrap();
@@ -349,11 +363,7 @@ fn the_tsh_path_sees_a_read_only_ctx_and_a_command_of_its_own_a_writable_one() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(fs::read_to_string(&events).unwrap().contains("\"tool.call\""), "tsh records its calls");
-    let stop = Command::new(tests::bin("ctx"))
-        .args(["agent", "stop", "coder", "--session", &s, "--control"])
-        .arg(&w.s.control)
-        .output()
-        .unwrap();
+    let stop = w.stop(&s);
     assert!(stop.status.success(), "{}", text(&stop));
     // A command of its own: the view is checked and writable.
     let out = w.start(
@@ -395,12 +405,7 @@ fn probe_network(w: &World, profile: &str) {
     let s = session(&format!("n{profile}"));
     let out = w.start(&s, &["--profile", profile, "--pids", "64"], &[]);
     assert!(out.status.success(), "{profile}: {}", text(&out));
-    let group =
-        ["/sys/fs/cgroup/unified/cortexfs", "/sys/fs/cgroup/cortexfs", "/sys/fs/cgroup/pids/cortexfs"]
-            .iter()
-            .map(|r| Path::new(r).join(format!("coder.{s}")))
-            .find(|d| d.join("pids.max").exists())
-            .expect("the run's pids group");
+    let group = pids_group(&s);
     let ours = fs::read_link("/proc/self/ns/net").unwrap();
     // The CLI itself: a process of the run, in a network namespace that is not the host's.
     let t = Instant::now();
@@ -436,11 +441,7 @@ fn probe_network(w: &World, profile: &str) {
         "{profile}: {}",
         text(&probe)
     );
-    let stop = Command::new(tests::bin("ctx"))
-        .args(["agent", "stop", "coder", "--session", &s, "--control"])
-        .arg(&w.s.control)
-        .output()
-        .unwrap();
+    let stop = w.stop(&s);
     assert!(stop.status.success(), "{profile}: {}", text(&stop));
 }
 
@@ -495,22 +496,13 @@ fn bad_mounts_are_refused_and_ceilings_applied() {
     let s = session("c");
     let out = w.start(&s, &["--pids", "64"], &["/bin/sleep", "100"]);
     assert!(out.status.success(), "{}", text(&out));
-    let group =
-        ["/sys/fs/cgroup/unified/cortexfs", "/sys/fs/cgroup/cortexfs", "/sys/fs/cgroup/pids/cortexfs"]
-            .iter()
-            .map(|r| Path::new(r).join(format!("coder.{s}")))
-            .find(|d| d.join("pids.max").exists())
-            .expect("the run's pids group");
+    let group = pids_group(&s);
     assert_eq!(fs::read_to_string(group.join("pids.max")).unwrap().trim(), "64");
     assert!(
         !fs::read_to_string(group.join("cgroup.procs")).unwrap().trim().is_empty(),
         "the sandbox is in it"
     );
-    let out = Command::new(tests::bin("ctx"))
-        .args(["agent", "stop", "coder", "--session", &s, "--control"])
-        .arg(&w.s.control)
-        .output()
-        .unwrap();
+    let out = w.stop(&s);
     assert!(out.status.success(), "{}", text(&out));
     assert!(!group.exists(), "the group goes with the run");
 }
