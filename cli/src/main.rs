@@ -106,9 +106,23 @@ fn main() -> ExitCode {
         std::process::exit(i32::from(exit::INTERNAL));
     }));
     // Installed as mount(8)'s helper for the type fuse.cortexfs.
-    let argv: Vec<String> = std::env::args().collect();
-    if argv.first().and_then(|a| a.rsplit('/').next()).is_some_and(|n| n == "mount.fuse.cortexfs") {
-        return report(cmd::mount::helper(&argv[1..]));
+    // Arguments are read as the kernel gave them: one that is not UTF-8 is a usage error (2),
+    // said by clap below or here, never a panic.
+    let argv0 = std::env::args_os().next();
+    if argv0
+        .as_deref()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|n| n == "mount.fuse.cortexfs")
+    {
+        let argv: Result<Vec<String>, _> = std::env::args_os().skip(1).map(|a| a.into_string()).collect();
+        return match argv {
+            Ok(argv) => report(cmd::mount::helper(&argv)),
+            Err(bad) => report(Err(exit::Exit::new(
+                exit::INVALID,
+                format!("an argument is not UTF-8: {}", bad.to_string_lossy()),
+            )
+            .into())),
+        };
     }
     // Usage errors say who is speaking, like every other error, and exit 2.
     let cli = Cli::try_parse().unwrap_or_else(|e| {

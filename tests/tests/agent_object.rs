@@ -355,6 +355,32 @@ fn invalid_input_exits_2_and_writes_nothing() {
     for args in [&["agent", "inspect", "bad/name"][..], &["agent", "rm", "bad/name"]] {
         assert_eq!(ctx(s, args).status.code(), Some(2), "{args:?}");
     }
+    // An argument that is not UTF-8 is a usage error said plainly, never a panic (it was exit
+    // 70 with a backtrace), for ctx and for its mount(8) helper name alike.
+    use std::os::unix::ffi::OsStrExt;
+    let bad = std::ffi::OsStr::from_bytes(b"\xff");
+    let out = std::process::Command::new(tests::bin("ctx"))
+        .args(["agent", "new"])
+        .arg(bad)
+        .arg("--source")
+        .arg(s)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).starts_with("ctx: ") && !text(&out.stderr).contains("panicked"),
+        "{}",
+        text(&out.stderr)
+    );
+    let helper = d.path().join("mount.fuse.cortexfs");
+    std::os::unix::fs::symlink(tests::bin("ctx"), &helper).unwrap();
+    let out = std::process::Command::new(&helper).arg(bad).arg(s).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("not UTF-8") && !text(&out.stderr).contains("panicked"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 /// Granting a tool took two hand-written lines in two files (the agent's policy and the tool's

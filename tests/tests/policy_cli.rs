@@ -132,10 +132,26 @@ fn inputs_are_bounded_and_listing_creates_nothing() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("larger than 65536 bytes"), "{}", tests::shown(&o));
     let d = tempfile::tempdir().unwrap();
     let missing = d.path().join("missing");
-    let o = Command::new(tests::bin("ctx")).args(["queue", "ls"]).arg(&missing).output().unwrap();
-    assert_eq!(o.status.code(), Some(2), "{}", tests::shown(&o));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("no queue there"), "{}", tests::shown(&o));
-    assert!(!missing.exists(), "listing created {}", missing.display());
+    // Only a publish makes a queue: listing, claiming, working, finishing and recovering a
+    // directory that holds none (a typo) is an error, and makes nothing.
+    for args in [
+        &["ls"][..],
+        &["claim", "--worker", "w1"],
+        &["recover"],
+        &["finish", "j.req.json", "--worker", "w1", "--result", "/dev/null"],
+        &["work", "--worker", "w1", "--", "/bin/cat"],
+    ] {
+        let mut c = Command::new(tests::bin("ctx"));
+        c.arg("queue").arg(args[0]).arg(&missing).args(&args[1..]);
+        let o = c.output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", tests::shown(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("no queue there"),
+            "{args:?}: {}",
+            tests::shown(&o)
+        );
+        assert!(!missing.exists(), "{args:?} created {}", missing.display());
+    }
 }
 
 /// `cortexfs-core --version` exited 2.

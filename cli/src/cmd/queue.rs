@@ -90,7 +90,17 @@ pub enum PolicyArg {
     Fail,
 }
 
+/// Opens the queue at `dir`, which must be one: only a publish makes a queue (a typo in a
+/// worker's or a reader's path is an error, not a new queue).
 fn open(dir: &PathBuf, lease: Duration) -> Result<Queue, Exit> {
+    if !dir.join("pending").is_dir() {
+        return Err(Exit::new(exit::INVALID, format!("{}: no queue there", dir.display())));
+    }
+    Queue::open(dir, lease).map_err(fail)
+}
+
+/// Opens the queue at `dir`, made when missing (a publish).
+fn open_or_make(dir: &PathBuf, lease: Duration) -> Result<Queue, Exit> {
     Queue::open(dir, lease).map_err(fail)
 }
 
@@ -119,7 +129,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                 .map_err(|e| Exit::new(exit::INVALID, format!("invalid job name: {e}")))?;
             let bytes =
                 std::fs::read(&file).map_err(|e| Exit::io(format!("cannot read {}", file.display()), &e))?;
-            open(&dir, queue::DEFAULT_LEASE)?.publish(&name, &bytes).map_err(fail)?;
+            open_or_make(&dir, queue::DEFAULT_LEASE)?.publish(&name, &bytes).map_err(fail)?;
             out::line(format_args!("published {name}"))
         }
         Cmd::Claim { dir, worker, json } => {
@@ -176,10 +186,6 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             if r.conflicts.is_empty() { Ok(()) } else { Err(Exit::quiet(exit::FAILURE).into()) }
         }
         Cmd::Ls { dir, json } => {
-            // Listing creates nothing: a queue that is not there is an error, not a new queue.
-            if !dir.join("pending").is_dir() {
-                return Err(Exit::new(exit::INVALID, format!("{}: no queue there", dir.display())).into());
-            }
             let l = open(&dir, queue::DEFAULT_LEASE)?.list().map_err(fail)?;
             if json {
                 let problems: Vec<_> =
