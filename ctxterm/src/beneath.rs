@@ -32,8 +32,8 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Stat};
 
-/// How every path below a kept descriptor is resolved.
-const BENEATH: ResolveFlags = ResolveFlags::BENEATH
+/// How every path below a kept descriptor is resolved (the session layout's walk uses it too).
+pub(crate) const BENEATH: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
     .union(ResolveFlags::NO_MAGICLINKS)
     .union(ResolveFlags::NO_XDEV);
@@ -170,7 +170,7 @@ impl Tree {
             // replaced by an open that truncates, not by a truncate): what was checked is what
             // is truncated.
             let again = flags & !(OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW) | OFlags::CLOEXEC;
-            let fd = rustix::fs::open(format!("/proc/self/fd/{}", fd.as_raw_fd()), again, Mode::empty())
+            let fd = rustix::fs::open(through(&fd), again, Mode::empty())
                 .map_err(|e| named(&self.shown(rel), err(e)))?;
             return Ok(File::from(fd));
         }
@@ -264,7 +264,8 @@ impl Tree {
     /// what was on the other side is not touched. Missing is not an error.
     ///
     /// Root's work is bounded: entries are listed a batch at a time, and a tree deeper than
-    /// [`REMOVE_DEPTH`] levels is refused (`ELOOP`) when the removal reaches that depth.
+    /// [`REMOVE_DEPTH`] levels is refused (an error saying so) when the removal reaches that
+    /// depth.
     pub fn remove_all(&self, name: impl AsRef<Path>) -> io::Result<()> {
         self.remove_all_at(name.as_ref(), 0)
     }
@@ -319,8 +320,7 @@ impl Tree {
                 ),
             ));
         }
-        UnixStream::connect(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-            .map_err(|e| named(&self.shown(rel), e))
+        UnixStream::connect(through(&fd)).map_err(|e| named(&self.shown(rel), e))
     }
 
     /// Makes a socket named `name` in the tree's own directory (whatever was there first is
@@ -368,6 +368,11 @@ impl AsFd for Tree {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
+}
+
+/// The path that reaches what `fd` is open on through the descriptor itself.
+fn through(fd: &OwnedFd) -> String {
+    format!("/proc/self/fd/{}", fd.as_raw_fd())
 }
 
 /// Sets the owner of what `fd` is open on.

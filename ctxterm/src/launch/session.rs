@@ -51,10 +51,7 @@ pub fn open_dir(d: &Path) -> std::io::Result<OwnedFd> {
 
 /// How a name of a level the agent owns is resolved: beneath its directory, through no link
 /// and across no mount.
-const OWNED: ResolveFlags = ResolveFlags::BENEATH
-    .union(ResolveFlags::NO_SYMLINKS)
-    .union(ResolveFlags::NO_MAGICLINKS)
-    .union(ResolveFlags::NO_XDEV);
+const OWNED: ResolveFlags = crate::beneath::BENEATH;
 
 /// Opens (or makes) the directory `name` in `dir`, a level the agent owns: not following a
 /// symlink, not crossing a mount.
