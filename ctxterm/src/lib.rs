@@ -15,7 +15,7 @@
 //! It talks to `/ctx` and the daemon as files and sockets and never links the server. Depends
 //! on `policy` (L0) and `ringfs` (L1).
 
-pub mod beneath;
+pub use ringfs::beneath;
 pub mod launch;
 pub mod ring;
 mod sys;

@@ -2,14 +2,18 @@
 //!
 //! - [`log`]: the append log for `messages.jsonl`, `events.jsonl` and `.d/log`: group-commit
 //!   JSONL appends, acknowledged only when durable, with torn-tail recovery from commit evidence.
-//! - [`object`]: the object store; today [`object::check`] (a manifest and the files it names).
+//! - [`object`]: the object store: [`object::check`] (a manifest and the files it names) and
+//!   packages (checked, installed, recorded).
+//! - [`queue`]: the shared-space job queue, file-native.
+//! - [`beneath`]: the one way root touches a tree an agent can write (descriptor-relative,
+//!   no symlink, no mount crossed), for the daemon, the launcher and `ctx` alike.
 //! - [`error`]: the crate's one error type.
 //!
-//! Still to come here: hash-bound atomic publish of objects and the shared-space job queue.
 //! io_uring paths have portable twins chosen at run time.
 //!
 //! Depends on `policy` only; the server, `ctx` and the integration tests depend on it.
 
+pub mod beneath;
 pub mod error;
 pub mod log;
 pub mod object;

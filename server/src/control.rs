@@ -11,16 +11,19 @@
 //!
 //! Only peers with uid 0 (checked with `SO_PEERCRED`, not claimed) are served.
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use policy::runtime::{self, ControlReply, ControlRequest, ViewEntry};
+use ringfs::beneath::Tree;
 
-use crate::transport::pool::{Attached, Pool};
+use crate::transport::pool::{Attached, Pool, open_parent};
 use crate::{Config, CtxFs, ViewSpec};
 
 /// The default control socket.
@@ -116,6 +119,7 @@ impl Views {
         policy::name::validate(agent).map_err(|e| format!("invalid agent name {agent:?}: {e}"))?;
         policy::name::validate(session).map_err(|e| format!("invalid session name {session:?}: {e}"))?;
         // A view carries an agent's authority: there must be an agent to carry.
+        // root's: the storage's objects
         if !self.base.storage.join("agent").join(agent).is_file() {
             return Err(format!("no agent {agent} in {}", self.base.storage.display()));
         }
@@ -130,27 +134,7 @@ impl Views {
         if views.iter().any(|v| v.mount.mountpoint() == path) {
             return Err(format!("{} already serves a view", path.display()));
         }
-        let root = &self.root;
-        if path.starts_with(root) {
-            // Views are reached by binding them into sandboxes: the root may be passed through
-            // but not listed, and each agent's directory is its own (0700, the agent's uid), so
-            // only that agent's sandbox (and root) can reach its views.
-            std::fs::create_dir_all(root).map_err(|e| format!("{}: {e}", root.display()))?;
-            std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o711))
-                .map_err(|e| format!("{}: {e}", root.display()))?;
-            let own = root.join(agent);
-            std::fs::create_dir_all(&own).map_err(|e| format!("{}: {e}", own.display()))?;
-            std::fs::set_permissions(&own, std::fs::Permissions::from_mode(0o700))
-                .map_err(|e| format!("{}: {e}", own.display()))?;
-            let uid_file = self.base.storage.join("agent").join(format!("{agent}.d")).join("uid");
-            if let Some(uid) =
-                std::fs::read_to_string(uid_file).ok().and_then(|t| t.trim().parse::<u32>().ok())
-            {
-                rustix::fs::chown(&own, Some(rustix::fs::Uid::from_raw(uid)), None)
-                    .map_err(|e| format!("{}: {e}", own.display()))?;
-            }
-        }
-        std::fs::create_dir_all(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let dir = self.view_dir(agent, &path)?;
         let workspace = match workspace {
             Some(w) => {
                 policy::path::check_absolute(w).map_err(|e| format!("workspace: {e}"))?;
@@ -180,12 +164,53 @@ impl Views {
         let fs = Arc::new(fs);
         let mount = self
             .pool
-            .mount(Arc::clone(&fs), &path)
+            .mount_at(Arc::clone(&fs), dir.0.as_fd(), &dir.1, &path)
             .map_err(|e| format!("mounting {}: {e}", path.display()))?;
         tracing::info!(agent, session, path = %path.display(), "view created");
         views.push(View { spec, mount, fs });
         self.base.view_count.store(views.len() as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(path)
+    }
+
+    /// The directory a view of `agent` is mounted on, made if missing, and open. Under the
+    /// daemon's view root it is `ROOT/AGENT/NAME`: the root (0711) is root's and may be passed
+    /// through but not listed, and each agent's directory is its own (0700, the agent's uid),
+    /// so only that agent's sandbox (and root) can reach its views. Since the agent owns that
+    /// directory, the view's is made and opened beneath it ([`ringfs::beneath`]): no symlink,
+    /// no mount point, and the mount lands on the directory made. Other paths are the
+    /// operator's and are resolved as given. Returns the directory's parent, open, and its name
+    /// there.
+    fn view_dir(&self, agent: &str, path: &Path) -> Result<(OwnedFd, OsString), String> {
+        let root = &self.root;
+        let rel = match path.strip_prefix(root) {
+            Ok(rel) if rel.as_os_str().is_empty() => None,
+            Ok(rel) => Some(rel),
+            Err(_) => None,
+        };
+        let Some(rel) = rel else {
+            // root's: an operator's path (or the view root itself)
+            std::fs::create_dir_all(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let parent = open_parent(path)?;
+            return Ok((parent.0, parent.1));
+        };
+        let mut parts = rel.components();
+        let name = match (parts.next(), parts.next(), parts.next()) {
+            (Some(Component::Normal(a)), Some(Component::Normal(name)), None) if a == agent => name,
+            _ => return Err(format!("a view under {} is {}/{agent}/NAME", root.display(), root.display())),
+        };
+        // root's: the daemon's view root
+        std::fs::create_dir_all(root).map_err(|e| format!("{}: {e}", root.display()))?;
+        let top = Tree::open(root).map_err(|e| e.to_string())?;
+        top.chmod(0o711).map_err(|e| format!("{}: {e}", root.display()))?;
+        let own = top.make_dirs(agent, 0o700).map_err(|e| e.to_string())?;
+        own.chmod(0o700).map_err(|e| format!("{}: {e}", own.path().display()))?;
+        let uid_file = self.base.storage.join("agent").join(format!("{agent}.d")).join("uid");
+        // root's: the storage's objects
+        if let Some(uid) = std::fs::read_to_string(uid_file).ok().and_then(|t| t.trim().parse::<u32>().ok()) {
+            own.chown(uid, 0).map_err(|e| format!("{}: {e}", own.path().display()))?;
+        }
+        own.make_dirs(name, 0o755).map_err(|e| e.to_string())?;
+        Ok((own.into(), name.to_os_string()))
     }
 
     fn remove(&self, path: &str) -> Result<(), String> {
@@ -296,20 +321,26 @@ fn serve_client(views: &Views, stream: UnixStream) {
 }
 
 /// Removes the directory of a view under the daemon's view root `root` once it is unmounted,
-/// and its agent's once empty; other paths are the operator's and stay.
+/// and its agent's once empty, beneath the root's descriptor (the agent's directory is the
+/// agent's: nothing there is followed); other paths are the operator's and stay.
 fn remove_view_dir(dir: &Path, root: &Path) {
-    if dir.starts_with(root) {
-        let _ = std::fs::remove_dir(dir);
-        if let Some(agent) = dir.parent().filter(|a| a.parent() == Some(root)) {
-            let _ = std::fs::remove_dir(agent);
-        }
+    let Ok(rel) = dir.strip_prefix(root) else { return };
+    let (Some(agent), Some(name)) = (rel.parent().filter(|a| a.components().count() == 1), rel.file_name())
+    else {
+        return;
+    };
+    let Ok(top) = Tree::open(root) else { return };
+    if let Ok(own) = top.sub(agent) {
+        let _ = own.remove_dir(name);
     }
+    let _ = top.remove_dir(agent);
 }
 
 /// Detaches every view mounted under `root` (a daemon's view root) whose server is gone (a daemon
 /// that crashed or was killed leaves them: `ENOTCONN`), and removes its directory; returns
 /// their paths. Views of a daemon still running answer and are left alone.
 pub fn clean_dead_views(root: &Path) -> Vec<PathBuf> {
+    // root's: /proc
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
     let mut dead: Vec<PathBuf> = info
         .lines()
@@ -323,7 +354,9 @@ pub fn clean_dead_views(root: &Path) -> Vec<PathBuf> {
     dead.sort();
     dead.dedup();
     for m in &dead {
-        if let Err(e) = rustix::mount::unmount(m, rustix::mount::UnmountFlags::DETACH) {
+        // Not followed: the last level is in the agent's directory.
+        let flags = rustix::mount::UnmountFlags::DETACH | rustix::mount::UnmountFlags::NOFOLLOW;
+        if let Err(e) = rustix::mount::unmount(m, flags) {
             tracing::warn!(view = %m.display(), error = %e, "cannot detach a dead view");
             continue;
         }
@@ -335,14 +368,18 @@ pub fn clean_dead_views(root: &Path) -> Vec<PathBuf> {
 /// Listens on `socket` (mode 0600) and serves requests on a thread per client.
 pub fn listen(socket: &Path, views: Arc<Views>) -> std::io::Result<()> {
     if let Some(dir) = socket.parent() {
+        // root's: the control socket's directory, root's alone (the lines below too)
         std::fs::create_dir_all(dir)?;
     }
+    // root's: as above
     match std::fs::remove_file(socket) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
+    // root's: as above
     let listener = UnixListener::bind(socket)?;
+    // root's: as above
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))?;
     std::thread::Builder::new().name("control".into()).spawn(move || {
         for stream in listener.incoming().flatten() {
@@ -407,9 +444,11 @@ fn watch_storage(
     };
     fn scan(p: &Path, depth: usize, model: bool, out: &mut Vec<(PathBuf, usize)>) {
         out.push((p.to_path_buf(), depth));
+        // root's: the storage's objects (agents write them only through views)
         let Ok(rd) = std::fs::read_dir(p) else { return };
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
+            // root's: as above
             if e.file_type().is_ok_and(|t| t.is_dir()) && wanted(depth + 1, &name, model) {
                 scan(&e.path(), depth + 1, model, out);
             }

@@ -2,7 +2,7 @@
 //! agent tried, reproduced from inside a real sandbox, and what must hold instead.
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -381,4 +381,38 @@ fn a_tool_runs_as_the_object_executed_whatever_its_argv0() {
     assert!(out.status.success(), "{}", tests::shown(&out));
     let got = fs::read_to_string(work.join("out")).unwrap_or_default();
     assert!(!got.contains("uid="), "shell.exec's code ran from the fs.read object: {got}");
+}
+
+/// The daemon made an agent's view directory by path inside the agent's own directory of its
+/// view root: a symlink the agent left where its next view goes had root mount the view (the
+/// agent's authority, readable through it) on whatever the link named.
+#[test]
+fn a_view_is_never_mounted_through_a_link_in_the_agents_view_directory() {
+    let s = Served::start();
+    agent(&s, "vw", 61771, &[], "");
+    let control = s.control.to_str().unwrap();
+    let made = ctx(&["view", "create", "--agent", "vw", "--session", "s0", "--control", control]);
+    assert!(made.status.success(), "{}", tests::shown(&made));
+    let own = policy::runtime::views_root(&s.control).join("vw");
+    assert_eq!(fs::metadata(&own).unwrap().uid(), 61771, "the agent's view directory is its own");
+    // As the agent: a link where the view of session s1 goes.
+    let target = s.dir.path().join("elsewhere");
+    fs::create_dir_all(&target).unwrap();
+    let planted = Command::new("setpriv")
+        .args(["--reuid=61771", "--regid=61771", "--clear-groups", "--", "ln", "-s"])
+        .arg(&target)
+        .arg(own.join("s1"))
+        .status()
+        .unwrap();
+    assert!(planted.success());
+    let out = ctx(&["view", "create", "--agent", "vw", "--session", "s1", "--control", control]);
+    assert_ne!(out.status.code(), Some(0), "{}", tests::shown(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("s1"), "{}", tests::shown(&out));
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.lines().any(|l| l.split(' ').nth(4) == target.to_str()), "mounted through the link");
+    assert!(fs::symlink_metadata(own.join("s1")).unwrap().file_type().is_symlink(), "the link is left alone");
+    // The view made before is removed through the directory, and the link stays.
+    let rm = ctx(&["view", "rm", own.join("s0").to_str().unwrap(), "--control", control]);
+    assert!(rm.status.success(), "{}", tests::shown(&rm));
+    assert!(!own.join("s0").exists());
 }

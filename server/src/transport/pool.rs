@@ -10,18 +10,21 @@
 //! io_uring the rings serve them, and the pool only what still comes by `/dev/fuse`.
 
 use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
 use fuse_backend_rs::api::server::Server;
-use fuse_backend_rs::transport::{FuseBuf, FuseDevWriter, FuseSession, Reader};
+use fuse_backend_rs::transport::{FuseBuf, FuseDevWriter, Reader};
 use rustix::event::epoll::{self, EventData, EventFlags};
 use rustix::event::{EventfdFlags, eventfd};
+use rustix::fs::OFlags;
+use rustix::mount::{FsMountFlags, FsOpenFlags, MountAttrFlags, MoveMountFlags, OpenTreeFlags, UnmountFlags};
 
 use super::uring::{self, Load, Rings};
 use super::{Transport, Wire};
@@ -53,6 +56,7 @@ impl Conn {
     /// serving requests in place.
     pub(crate) fn detached(fs: Arc<CtxFs>) -> Conn {
         let wire = Arc::clone(fs.wire());
+        // root's: the null device
         let file = File::open("/dev/null").expect("/dev/null");
         Conn { file, server: Server::new(Arc::clone(&fs)), fs, wire, ring: None }
     }
@@ -85,7 +89,13 @@ impl std::fmt::Debug for Pool {
 /// One mounted connection served by the pool.
 pub struct Attached {
     token: u64,
-    session: FuseSession,
+    /// The connection's `/dev/fuse` descriptor (the served one is a duplicate).
+    dev: File,
+    /// Where it is mounted: the directory above, open, and the name there (unmounted through
+    /// them, never by a path resolved later).
+    at: Option<(OwnedFd, OsString)>,
+    /// A detached mount (mounted nowhere): its root, whose parts are bound elsewhere.
+    mnt: Option<OwnedFd>,
     mountpoint: PathBuf,
 }
 
@@ -120,6 +130,68 @@ impl HostMount {
 
 /// The directories of the host view served by its data connection.
 pub const DATA_DIRS: [&str; 2] = ["home", "shared"];
+
+/// The directory above the mount point `path` (an operator's: resolved as given, as
+/// mount(8) resolves it), open, and the mount point's name in it.
+pub fn open_parent(path: &Path) -> Result<(OwnedFd, OsString), String> {
+    let shown = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let real = path.canonicalize().map_err(|e| shown(&e))?;
+    let (Some(parent), Some(name)) = (real.parent(), real.file_name()) else {
+        return Err(shown(&"not a mount point for a view"));
+    };
+    // root's: an operator's mount point
+    let fd = rustix::fs::open(
+        parent,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| shown(&e))?;
+    Ok((fd, name.to_os_string()))
+}
+
+/// The path that reaches what `fd` is open on through the descriptor itself.
+fn through(fd: &OwnedFd) -> String {
+    format!("/proc/self/fd/{}", fd.as_raw_fd())
+}
+
+/// A new FUSE connection mounted with the mount API, attached nowhere yet: its `/dev/fuse`
+/// descriptor (non-blocking) and the detached mount. The options are those `mount.fuse`
+/// gives a server run by root: `allow_other` and `default_permissions`, `nosuid`, `nodev`,
+/// `noatime`, requests of at most 1 MiB of data.
+fn fuse_mount(source: &str) -> io::Result<(File, OwnedFd)> {
+    // root's: the FUSE device
+    let dev = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse")?;
+    let fsfd = rustix::mount::fsopen("fuse", FsOpenFlags::FSOPEN_CLOEXEC)?;
+    let fd = dev.as_raw_fd().to_string();
+    let uid = rustix::process::getuid().as_raw().to_string();
+    let gid = rustix::process::getgid().as_raw().to_string();
+    let max_read = (BUF - 4096).to_string();
+    for (key, value) in [
+        ("source", source),
+        ("subtype", "cortexfs"),
+        ("fd", fd.as_str()),
+        ("rootmode", "40000"),
+        ("user_id", uid.as_str()),
+        ("group_id", gid.as_str()),
+        ("max_read", max_read.as_str()),
+    ] {
+        rustix::mount::fsconfig_set_string(&fsfd, key, value)
+            .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("mount option {key}: {e}")))?;
+    }
+    for flag in ["default_permissions", "allow_other"] {
+        rustix::mount::fsconfig_set_flag(&fsfd, flag)?;
+    }
+    rustix::mount::fsconfig_create(&fsfd)?;
+    let mnt = rustix::mount::fsmount(
+        &fsfd,
+        FsMountFlags::FSMOUNT_CLOEXEC,
+        MountAttrFlags::MOUNT_ATTR_NOSUID
+            | MountAttrFlags::MOUNT_ATTR_NODEV
+            | MountAttrFlags::MOUNT_ATTR_NOATIME,
+    )?;
+    rustix::fs::fcntl_setfl(&dev, OFlags::NONBLOCK)?;
+    Ok((dev, mnt))
+}
 
 fn rearm(inner: &Inner, conn: &Conn, token: u64) {
     let flags = EventFlags::IN | EventFlags::ONESHOT;
@@ -364,22 +436,67 @@ impl Pool {
 
     /// Mounts `fs` at `mountpoint` and serves it from the pool. The mount's source is the
     /// storage it serves and its type `fuse.cortexfs`, as `mount -t fuse.cortexfs STORAGE DIR`
-    /// and an fstab line name them.
+    /// and an fstab line name them. `mountpoint` is the operator's: it is resolved as given;
+    /// a directory in a tree another uid can write is mounted on with [`Pool::mount_at`].
     pub fn mount(&self, fs: Arc<CtxFs>, mountpoint: &Path) -> io::Result<Attached> {
-        self.mount_as(fs, mountpoint, Load::Idle)
+        let (parent, name) = open_parent(mountpoint).map_err(io::Error::other)?;
+        self.mount_as(fs, Some((parent, name.as_os_str())), mountpoint, Load::Idle)
     }
 
-    /// [`Pool::mount`], asking the rings for as many entries as `load` says.
-    fn mount_as(&self, fs: Arc<CtxFs>, mountpoint: &Path, load: Load) -> io::Result<Attached> {
-        let source = fs.storage_path().display().to_string();
-        let mut session =
-            FuseSession::new(mountpoint, &source, "cortexfs", false).map_err(io::Error::other)?;
-        session.set_allow_other(true);
-        session.mount().map_err(io::Error::other)?;
-        let file = session
-            .get_fuse_file()
-            .ok_or_else(|| io::Error::other("mounted session has no /dev/fuse descriptor"))?
-            .try_clone()?;
+    /// Mounts `fs` on the directory `name` in the directory `parent` is open on (`shown` is its
+    /// path, for listings and logs), opened beneath `parent` with no symlink: the mount lands
+    /// on that directory, and is unmounted through `parent`, never by a path resolved later.
+    pub fn mount_at(
+        &self,
+        fs: Arc<CtxFs>,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        shown: &Path,
+    ) -> io::Result<Attached> {
+        let parent = parent.try_clone_to_owned()?;
+        self.mount_as(fs, Some((parent, name)), shown, Load::Idle)
+    }
+
+    /// Mounts `fs` with the mount API (`fsopen`, `fsmount`) on the directory `name` in
+    /// `parent` (opened beneath it), or nowhere when `at` is `None` (a detached mount, whose
+    /// parts are bound elsewhere: [`Attached::mnt`]), and serves it, asking the rings for as
+    /// many entries as `load` says.
+    fn mount_as(
+        &self,
+        fs: Arc<CtxFs>,
+        at: Option<(OwnedFd, &OsStr)>,
+        shown: &Path,
+        load: Load,
+    ) -> io::Result<Attached> {
+        let (dev, mnt) = fuse_mount(&fs.storage_path().display().to_string())?;
+        let shown_err = |e: rustix::io::Errno| {
+            io::Error::new(io::Error::from(e).kind(), format!("mounting on {}: {e}", shown.display()))
+        };
+        let (at, mnt) = match at {
+            Some((parent, name)) => {
+                let dir = rustix::fs::openat2(
+                    &parent,
+                    name,
+                    OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    rustix::fs::Mode::empty(),
+                    ringfs::beneath::BENEATH,
+                )
+                .map_err(shown_err)?;
+                rustix::mount::move_mount(
+                    &mnt,
+                    "",
+                    &dir,
+                    "",
+                    MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
+                )
+                .map_err(shown_err)?;
+                // The mount's own descriptor is not kept: it would keep the mount busy for
+                // an operator's umount(8).
+                (Some((parent, name.to_os_string())), None)
+            }
+            None => (None, Some(mnt)),
+        };
+        let file = dev.try_clone()?;
         let token = self.inner.next.fetch_add(1, Ordering::Relaxed);
         let wire = Arc::clone(fs.wire());
         let ring = self.inner.rings.as_ref().map(|_| load);
@@ -408,7 +525,7 @@ impl Pool {
                 EventFlags::IN | EventFlags::ONESHOT,
             )?;
         }
-        Ok(Attached { token, session, mountpoint: mountpoint.to_path_buf() })
+        Ok(Attached { token, dev, at, mnt, mountpoint: shown.to_path_buf() })
     }
 
     /// Mounts the host view at `mountpoint`: `fs` serves it, and `data` (a
@@ -419,26 +536,41 @@ impl Pool {
     /// all that reach it.
     pub fn mount_host(&self, fs: Arc<CtxFs>, data: Arc<CtxFs>, mountpoint: &Path) -> io::Result<HostMount> {
         let data_fs = Arc::clone(&data);
-        let main = self.mount_as(fs, mountpoint, Load::Busy)?;
-        let private = std::env::temp_dir().join(format!(
-            "cortexfs-data.{}.{}",
-            std::process::id(),
-            self.inner.next.load(Ordering::Relaxed)
-        ));
+        let (parent, name) = open_parent(mountpoint).map_err(io::Error::other)?;
+        let main = self.mount_as(fs, Some((parent, name.as_os_str())), mountpoint, Load::Busy)?;
         let mounted = (|| {
-            std::fs::create_dir(&private)?;
-            let data = self.mount_as(data, &private, Load::Busy)?;
+            // Mounted nowhere: its `home` and `shared` are cloned from the detached mount and
+            // moved onto the host view's, descriptor to descriptor.
+            let data = self.mount_as(data, None, mountpoint, Load::Busy)?;
             let mut binds = Vec::new();
             let bound = DATA_DIRS.iter().try_for_each(|d| {
-                let to = mountpoint.join(d);
-                rustix::mount::mount_bind(private.join(d), &to)?;
-                binds.push(to);
+                let detached =
+                    data.mnt.as_ref().ok_or_else(|| io::Error::other("the data mount is attached"))?;
+                let tree = rustix::mount::open_tree(
+                    detached,
+                    *d,
+                    OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+                )?;
+                // root's: the host view just mounted, served by this daemon
+                let to = rustix::fs::openat(
+                    rustix::fs::CWD,
+                    mountpoint.join(d),
+                    OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    rustix::fs::Mode::empty(),
+                )?;
+                rustix::mount::move_mount(
+                    &tree,
+                    "",
+                    &to,
+                    "",
+                    MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
+                )?;
+                binds.push(mountpoint.join(d));
                 Ok::<(), io::Error>(())
             });
-            let detached = rustix::mount::unmount(&private, rustix::mount::UnmountFlags::DETACH);
-            if let Err(e) = bound.and(detached.map_err(io::Error::from)) {
+            if let Err(e) = bound {
                 for b in binds.iter().rev() {
-                    let _ = rustix::mount::unmount(b, rustix::mount::UnmountFlags::DETACH);
+                    let _ = rustix::mount::unmount(b, UnmountFlags::DETACH);
                 }
                 let _ = self.unmount(data);
                 return Err(e);
@@ -446,7 +578,6 @@ impl Pool {
             self.forward_changes(&data_fs, data.token)?;
             Ok((data, binds))
         })();
-        let _ = std::fs::remove_dir(&private);
         match mounted {
             Ok((data, binds)) => Ok(HostMount { main, data, binds }),
             Err(e) => {
@@ -515,11 +646,23 @@ impl Pool {
     }
 
     /// Unmounts one connection; the others are untouched.
-    pub fn unmount(&self, mut a: Attached) -> io::Result<()> {
+    pub fn unmount(&self, a: Attached) -> io::Result<()> {
         if let Some(conn) = self.inner.conns.write().ok().and_then(|mut c| c.remove(&a.token)) {
             let _ = epoll::delete(&self.inner.epoll, &conn.file);
         }
-        a.session.umount().map_err(io::Error::other)
+        // Closed first, so that nothing waits on a request the pool no longer serves.
+        drop(a.dev);
+        let Some((parent, name)) = &a.at else { return Ok(()) };
+        let path = Path::new(&through(parent)).join(name);
+        // The last level is not followed.
+        match rustix::mount::unmount(&path, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW) {
+            // Unmounted already (umount(8), or a dead connection cleaned).
+            Ok(()) | Err(rustix::io::Errno::INVAL) => Ok(()),
+            Err(e) => Err(io::Error::new(
+                io::Error::from(e).kind(),
+                format!("unmounting {}: {e}", a.mountpoint.display()),
+            )),
+        }
     }
 
     /// Stops the workers (after every connection was unmounted).

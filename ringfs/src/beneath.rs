@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Stat};
 
 /// How every path below a kept descriptor is resolved (the session layout's walk uses it too).
-pub(crate) const BENEATH: ResolveFlags = ResolveFlags::BENEATH
+pub const BENEATH: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
     .union(ResolveFlags::NO_MAGICLINKS)
     .union(ResolveFlags::NO_XDEV);
