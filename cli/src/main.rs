@@ -59,6 +59,8 @@ enum Command {
     /// Send a user turn to an agent through its socket (agent/NAME.sock); --wait prints the
     /// answer, --json the frames.
     Send(cmd::send::Args),
+    /// Cancel a run started through an agent's socket: by its id, or every run of a session.
+    Cancel(cmd::send::CancelArgs),
     /// Install the default layout, the core tools and tsh into storage (idempotent).
     Bootstrap(cmd::bootstrap::Args),
     /// Read a manual: the installed copy under /ctx/shared/cortexfs-docs, else the built-in one.
@@ -153,6 +155,7 @@ fn main() -> ExitCode {
         Command::Shared(c) => cmd::shared::run(c),
         Command::View(c) => cmd::view::run(c),
         Command::Send(a) => cmd::send::run(a),
+        Command::Cancel(a) => cmd::send::cancel(a),
         Command::Bootstrap(a) => cmd::bootstrap::run(a),
         Command::Doctor(a) => cmd::doctor::run(a),
         Command::Man(a) => cmd::man::run(a),

@@ -52,8 +52,10 @@ pub fn headless(command: &[String], env: &[(std::ffi::OsString, std::ffi::OsStri
 pub const DEFAULT_SIZE: (u16, u16) = (80, 24);
 
 /// Client modes: the first line a client sends is `watch`, `attach`, `attach COLSxROWS` (the
-/// client's window size, applied to the PTY), or `resize COLSxROWS` (a connection that only
-/// changes the size, as an attached client does on SIGWINCH, and closes).
+/// client's window size, applied to the PTY), `resize COLSxROWS` (a connection that only
+/// changes the size, as an attached client does on SIGWINCH, and closes), or `turn` (one
+/// command run beside the terminal's, in the same sandbox, on the client's descriptors: see
+/// [`parse_turn`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     /// Output only.
@@ -62,6 +64,8 @@ pub enum Mode {
     Attach,
     /// Only a new window size.
     Resize,
+    /// One command beside the terminal's.
+    Turn,
 }
 
 #[derive(Debug)]
@@ -116,6 +120,7 @@ pub fn run(opts: &Options) -> Result<i32, RunError> {
     let _ = std::fs::remove_file(&opts.socket);
     let listener = UnixListener::bind(&opts.socket)?;
     std::fs::set_permissions(&opts.socket, std::fs::Permissions::from_mode(0o600))?;
+    let env: Env = Arc::new(opts.env.clone());
     let state = Arc::new(Mutex::new(State {
         ring: Ring::new(opts.scrollback),
         clients: Vec::new(),
@@ -126,7 +131,7 @@ pub fn run(opts: &Options) -> Result<i32, RunError> {
     // all of the output, however much comes before it would otherwise have joined.
     let first = if opts.wait_client {
         let (stream, _) = listener.accept()?;
-        join(stream, &state, &File::from(master.try_clone()?))
+        join(stream, &state, &File::from(master.try_clone()?), &env)
     } else {
         None
     };
@@ -170,13 +175,15 @@ pub fn run(opts: &Options) -> Result<i32, RunError> {
     }
     {
         let (m, state, writing) = (master.try_clone()?, Arc::clone(&state), Arc::clone(&writing));
+        let env = Arc::clone(&env);
         std::thread::Builder::new().name("accept".into()).spawn(move || {
             for stream in listener.incoming().flatten() {
                 let (m, state, w) = (m.try_clone(), Arc::clone(&state), Arc::clone(&writing));
                 let Ok(m) = m else { continue };
+                let env = Arc::clone(&env);
                 let _ = std::thread::Builder::new()
                     .name("client".into())
-                    .spawn(move || serve(stream, m, &state, w));
+                    .spawn(move || serve(stream, m, &state, w, &env));
             }
         })?;
     }
@@ -268,7 +275,8 @@ pub fn parse_mode(line: &[u8]) -> io::Result<(Mode, Option<(u16, u16)>)> {
         ("watch", None) => Ok((Mode::Watch, None)),
         ("attach", size) => Ok((Mode::Attach, size)),
         ("resize", Some(size)) => Ok((Mode::Resize, Some(size))),
-        _ => Err(bad("unknown mode (watch, attach [COLSxROWS] or resize COLSxROWS)")),
+        ("turn", None) => Ok((Mode::Turn, None)),
+        _ => Err(bad("unknown mode (watch, attach [COLSxROWS], resize COLSxROWS or turn)")),
     }
 }
 
@@ -293,7 +301,7 @@ struct Joined {
 
 /// Reads a client's mode line and registers it; `None` (the client told why) when it cannot be
 /// served.
-fn join(mut stream: UnixStream, state: &Mutex<State>, master: &File) -> Option<Joined> {
+fn join(mut stream: UnixStream, state: &Mutex<State>, master: &File, env: &Env) -> Option<Joined> {
     let (mode, size) = match self::mode(&mut stream) {
         Ok(m) => m,
         Err(e) => {
@@ -301,6 +309,10 @@ fn join(mut stream: UnixStream, state: &Mutex<State>, master: &File) -> Option<J
             return None;
         }
     };
+    if mode == Mode::Turn {
+        turn(stream, env);
+        return None;
+    }
     if let Some(size) = size {
         resize(master, size);
     }
@@ -326,8 +338,8 @@ fn join(mut stream: UnixStream, state: &Mutex<State>, master: &File) -> Option<J
     Some(Joined { stream, mode, rx, snapshot })
 }
 
-fn serve(stream: UnixStream, master: File, state: &Mutex<State>, writing: Arc<()>) {
-    if let Some(j) = join(stream, state, &master) {
+fn serve(stream: UnixStream, master: File, state: &Mutex<State>, writing: Arc<()>, env: &Env) {
+    if let Some(j) = join(stream, state, &master, env) {
         serve_joined(j, master, writing);
     }
 }
@@ -363,13 +375,162 @@ fn serve_joined(j: Joined, mut master: File, writing: Arc<()>) {
                 }
             }
         }
-        Mode::Watch | Mode::Resize => {
+        Mode::Watch | Mode::Resize | Mode::Turn => {
             // A watcher cannot type: its input is read and discarded.
             let mut sink = [0u8; 4096];
             while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
         }
     }
     let _ = writer.join();
+}
+
+/// The variables the terminal's command was given (a key read from a descriptor), which a
+/// turn's command gets too.
+type Env = Arc<Vec<(std::ffi::OsString, std::ffi::OsString)>>;
+
+/// Most bytes of a turn's request line.
+pub const TURN_REQUEST_MAX: usize = 64 * 1024;
+/// Most arguments of a turn's command.
+const TURN_ARGS_MAX: usize = 256;
+/// Most turns running at once beside one terminal.
+pub const TURNS_MAX: usize = 4;
+/// Turns running now.
+static TURNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// What a `turn` client asks for: a command and the directory it runs in.
+#[derive(Debug, PartialEq, Eq)]
+pub struct TurnRequest {
+    /// The program and its arguments.
+    pub argv: Vec<String>,
+    /// An absolute directory in the sandbox.
+    pub cwd: String,
+}
+
+/// Parses a turn's request line (without its newline): one JSON object
+/// `{"argv":[PROGRAM, ARG...],"cwd":DIR}`, nothing else; at most [`TURN_REQUEST_MAX`] bytes and
+/// 256 arguments, none with a NUL.
+pub fn parse_turn(line: &[u8]) -> io::Result<TurnRequest> {
+    let bad = |why: String| io::Error::new(io::ErrorKind::InvalidInput, why);
+    if line.len() > TURN_REQUEST_MAX {
+        return Err(bad(format!("a turn's request is at most {TURN_REQUEST_MAX} bytes")));
+    }
+    let v: serde_json::Value =
+        serde_json::from_slice(line).map_err(|e| bad(format!("a turn's request: {e}")))?;
+    let obj = v.as_object().ok_or_else(|| bad("a turn's request is a JSON object".into()))?;
+    if let Some(k) = obj.keys().find(|k| !matches!(k.as_str(), "argv" | "cwd")) {
+        return Err(bad(format!("a turn's request has no field {k:?} (argv, cwd)")));
+    }
+    let argv: Vec<String> = obj
+        .get("argv")
+        .and_then(|a| a.as_array())
+        .ok_or_else(|| bad("argv: an array of strings".into()))?
+        .iter()
+        .map(|a| a.as_str().map(str::to_owned))
+        .collect::<Option<_>>()
+        .ok_or_else(|| bad("argv: an array of strings".into()))?;
+    if argv.is_empty() || argv.len() > TURN_ARGS_MAX || argv[0].is_empty() {
+        return Err(bad(format!("argv: a program and at most {} arguments", TURN_ARGS_MAX - 1)));
+    }
+    let cwd = obj.get("cwd").and_then(|c| c.as_str()).ok_or_else(|| bad("cwd: a string".into()))?.to_owned();
+    if !cwd.starts_with('/') {
+        return Err(bad("cwd: an absolute directory".into()));
+    }
+    if argv.iter().chain([&cwd]).any(|a| a.contains('\0')) {
+        return Err(bad("a NUL in argv or cwd".into()));
+    }
+    Ok(TurnRequest { argv, cwd })
+}
+
+/// Serves a `turn` client: runs its command on the three descriptors it sent and answers
+/// `exit N` (N: the exit code, or 128 + the signal) when it ends, or `ctxterm: WHY` when it
+/// cannot run. The client closing its end first ends the command (SIGTERM to its group).
+fn turn(mut stream: UnixStream, env: &Env) {
+    struct Slot;
+    impl Drop for Slot {
+        fn drop(&mut self) {
+            TURNS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    if TURNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= TURNS_MAX {
+        TURNS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        let _ = writeln!(stream, "ctxterm: {TURNS_MAX} turns run already");
+        return;
+    }
+    let _slot = Slot;
+    let _ = match run_turn(&mut stream, env) {
+        Ok(code) => writeln!(stream, "exit {code}"),
+        Err(e) => writeln!(stream, "ctxterm: {e}"),
+    };
+}
+
+fn run_turn(stream: &mut UnixStream, env: &Env) -> io::Result<i32> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
+    use std::mem::MaybeUninit;
+    use std::os::fd::OwnedFd;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    // One message: the request line, and the command's standard input, output and error.
+    let mut buf = vec![0u8; TURN_REQUEST_MAX + 1];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
+    let mut anc = RecvAncillaryBuffer::new(&mut space);
+    let got = rustix::net::recvmsg(
+        &*stream,
+        &mut [io::IoSliceMut::new(&mut buf)],
+        &mut anc,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    for m in anc.drain() {
+        if let RecvAncillaryMessage::ScmRights(r) = m {
+            fds.extend(r);
+        }
+    }
+    let line = buf[..got.bytes].strip_suffix(b"\n").ok_or_else(|| {
+        io::Error::new(io::ErrorKind::InvalidInput, "a turn's request is one line, sent whole")
+    })?;
+    let req = parse_turn(line)?;
+    let [stdin, stdout, stderr]: [OwnedFd; 3] = fds
+        .try_into()
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a turn brings three descriptors"))?;
+    stream.set_read_timeout(None)?;
+    let mut cmd = Command::new(&req.argv[0]);
+    cmd.args(&req.argv[1..])
+        .current_dir(&req.cwd)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::from(stdin))
+        .stdout(Stdio::from(stdout))
+        .stderr(Stdio::from(stderr));
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut child =
+        cmd.spawn().map_err(|e| io::Error::new(e.kind(), format!("cannot run {}: {e}", req.argv[0])))?;
+    drop(cmd);
+    let pid = Pid::from_child(&child);
+    // Its group is signalled only while the leader is not reaped (a zombie keeps the group's
+    // id from being given again): `ended` is set under the lock before it is.
+    let ended = Arc::new(Mutex::new(false));
+    {
+        let (mut watch, ended) = (stream.try_clone()?, Arc::clone(&ended));
+        std::thread::Builder::new().name("turn".into()).spawn(move || {
+            let mut sink = [0u8; 64];
+            while matches!(watch.read(&mut sink), Ok(n) if n > 0) {}
+            if !*ended.lock().unwrap_or_else(|e| e.into_inner()) {
+                let _ = rustix::process::kill_process_group(pid, Signal::TERM);
+            }
+        })?;
+    }
+    let _ = rustix::process::waitid(WaitId::Pid(pid), WaitIdOptions::EXITED | WaitIdOptions::NOWAIT);
+    {
+        let mut e = ended.lock().unwrap_or_else(|e| e.into_inner());
+        *e = true;
+        // No orphans: what the command left in its group goes with it.
+        let _ = rustix::process::kill_process_group(pid, Signal::KILL);
+    }
+    let status = child.wait()?;
+    Ok(match (status.code(), std::os::unix::process::ExitStatusExt::signal(&status)) {
+        (Some(c), _) => c,
+        (None, Some(s)) => 128 + s,
+        (None, None) => 1,
+    })
 }
 
 /// Forwards termination and job-control signals to the child's process group, and the window

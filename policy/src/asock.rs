@@ -40,6 +40,9 @@ pub struct Send {
     pub space: Option<String>,
     /// The directory bound at `/workspace` (absolute, on the host), or none.
     pub cwd: Option<String>,
+    /// The caller's own directory: bound at `/workspace` when `cwd` is not given and the turn
+    /// joins no run (a directory the caller may not give then gives no workspace).
+    pub here: Option<String>,
     /// The text of the turn.
     pub input: String,
     /// Files the turn refers to, by absolute path as the agent sees them.
@@ -145,6 +148,14 @@ pub fn parse(line: &[u8]) -> Result<Request, Refusal> {
                 }
                 None => None,
             };
+            let here = match string(&v, "here")? {
+                Some(c) => {
+                    crate::path::check_absolute(c)
+                        .map_err(|e| refuse("EINVAL", format!("here {c:?}: {e}")))?;
+                    Some(c.to_owned())
+                }
+                None => None,
+            };
             let input = string(&v, "input")?.ok_or_else(|| refuse("EINVAL", "send needs an input"))?;
             if input.trim().is_empty() {
                 return Err(refuse("EINVAL", "the input is empty"));
@@ -170,6 +181,7 @@ pub fn parse(line: &[u8]) -> Result<Request, Refusal> {
                 scope,
                 space,
                 cwd,
+                here,
                 input: input.to_owned(),
                 files,
             }))

@@ -504,3 +504,139 @@ fn an_answer_larger_than_a_session_line_is_recorded_once_and_never_run_again() {
     );
     assert!(String::from_utf8_lossy(&o.stdout).contains("preview"), "{}", tests::shown(&o));
 }
+
+/// The spec's flow as written (`extending-cortexfs`): the agent's terminal is started with the
+/// caller's directory mounted at /workspace (no grant needed: it is the workspace), then
+/// `ctx send` with no session and no --cwd joins that run, reads the file by its /workspace
+/// path, and is answered and recorded once. It failed with 13 (no `mount:/workspace` grant),
+/// then as already running.
+#[test]
+fn the_specs_start_then_send_flow_works_as_written() {
+    let ep = Endpoint::start("cat /workspace/a.txt", "CHECKED");
+    let h = host(&ep);
+    fs::write(h.work.join("a.txt"), "SPEC-FLOW-CONTENT\n").unwrap();
+    let (mnt, control) = (h.s.mnt.display().to_string(), h.s.control.display().to_string());
+    let secrets = h.s.dir.path().join("secrets");
+    let run = |dir: &Path, args: &[&str]| {
+        Command::new(tests::bin("ctx"))
+            .current_dir(dir)
+            .env("CTX_SECRETS", &secrets)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    Client::to(&h, "sockcx");
+    // ctx agent start coder --session default --mount "$PWD" /workspace rw
+    let work = h.work.display().to_string();
+    let start = [
+        "agent",
+        "start",
+        "sockcx",
+        "--session",
+        "default",
+        "--mount",
+        &work,
+        "/workspace",
+        "rw",
+        "--ctx",
+        &mnt,
+        "--control",
+        &control,
+    ];
+    ok(run(&h.work, &start), "agent start");
+    // ctx send coder "Analyze /workspace/..."
+    let o = ok(
+        run(Path::new("/"), &["send", "sockcx", "Analyze /workspace/a.txt", "--ctx", &mnt, "--wait"]),
+        "send",
+    );
+    let answer = String::from_utf8_lossy(&o.stdout);
+    assert!(answer.contains("CHECKED") && answer.contains("SPEC-FLOW-CONTENT"), "{}", tests::shown(&o));
+    let r = records(&h, 1000, "sockcx", "default");
+    let id = r.iter().find(|v| v["role"] == "user").and_then(|v| v["id"].as_str()).unwrap().to_owned();
+    assert_eq!((count(&r, &id, "user"), count(&r, &id, "assistant"), r.len()), (1, 1, 2), "{r:?}");
+    // The terminal's run goes on after the turn; a turn naming another workspace is told why
+    // it cannot join, and nothing of it is recorded.
+    let o = run(Path::new("/"), &["agent", "ps", "--control", &control]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("sockcx"), "{}", tests::shown(&o));
+    let o = run(Path::new("/"), &["send", "sockcx", "elsewhere", "--cwd", "/tmp", "--ctx", &mnt, "--wait"]);
+    assert_ne!(o.status.code(), Some(0), "{}", tests::shown(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("EBUSY") && err.contains("its workspace is") && err.contains("ctx agent send"),
+        "{err}"
+    );
+    assert_eq!(records(&h, 1000, "sockcx", "default").len(), 2);
+    ok(
+        run(Path::new("/"), &["agent", "stop", "sockcx", "--session", "default", "--control", &control]),
+        "stop",
+    );
+}
+
+/// `ctx send --wait` printed nothing while it waited and Ctrl-C left the run going: now it
+/// says the run's id, and Ctrl-C (under a PTY, as typed) cancels the run and says so.
+#[test]
+fn ctrl_c_on_send_wait_cancels_the_run_and_ctx_cancel_cancels_by_id() {
+    let ep = Endpoint::start("true", "x");
+    let h = host(&ep);
+    let s = tests::unique("cc");
+    let (cwd, mnt) = (h.work.display().to_string(), h.s.mnt.display().to_string());
+    Client::to(&h, "sockrt");
+    let pty = r#"
+import os, pty, sys, time
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], sys.argv[1:])
+out, sent, end = b"", False, time.time() + 60
+while time.time() < end:
+    try:
+        b = os.read(fd, 4096)
+    except OSError:
+        break
+    if not b:
+        break
+    out += b
+    if not sent and b"ctx: run " in out:
+        time.sleep(0.5)
+        os.write(fd, b"\x03")
+        sent = True
+_, status = os.waitpid(pid, 0)
+sys.stdout.write(out.decode(errors="replace"))
+print("\nEXIT", os.waitstatus_to_exitcode(status))
+"#;
+    let o = Command::new("python3")
+        .args(["-c", pty, tests::bin("ctx").to_str().unwrap()])
+        .args(["send", "sockrt", "wait for me", "--session", &s, "--cwd", &cwd, "--ctx", &mnt, "--wait"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(said.contains("cancelling run") && said.contains("was cancelled"), "{said}");
+    assert!(said.trim_end().ends_with("EXIT 130"), "{said}");
+    let r = records(&h, 1001, "sockrt", &s);
+    assert!(r.iter().any(|v| v["role"] == "assistant" && v["status"] == "cancelled"), "{r:?}");
+    // ctx cancel: by id, then a session with nothing running, then an unknown id.
+    let o = ok(
+        ctx(&["send", "sockrt", "wait again", "--session", &s, "--cwd", &cwd, "--ctx", &mnt], &[], ""),
+        "send",
+    );
+    let id = String::from_utf8_lossy(&o.stdout).trim().to_owned();
+    let o = ok(ctx(&["cancel", "sockrt", &id, "--ctx", &mnt], &[], ""), "cancel");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), format!("cancelling run {id}"));
+    let mut c = Client::to(&h, "sockrt");
+    c.send(json!({"op": "status", "id": id}));
+    let t = Instant::now();
+    loop {
+        let st = c.next();
+        if st["runs"][0]["state"] != "running" {
+            assert_eq!(st["runs"][0]["state"], "cancelled", "{st}");
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "{st}");
+        std::thread::sleep(Duration::from_millis(100));
+        c.send(json!({"op": "status", "id": id}));
+    }
+    let o = ctx(&["cancel", "sockrt", "--session", &s, "--ctx", &mnt], &[], "");
+    assert_eq!(o.status.code(), Some(1), "{}", tests::shown(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no run of session"), "{}", tests::shown(&o));
+    let o = ctx(&["cancel", "sockrt", "nosuch", "--ctx", &mnt], &[], "");
+    assert_eq!(o.status.code(), Some(1), "{}", tests::shown(&o));
+}

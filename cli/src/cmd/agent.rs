@@ -84,6 +84,34 @@ pub enum Cmd {
         /// The permission, e.g. execute, read, write.
         perm: String,
     },
+    /// Take back a grant: the line leaves the agent's policy (and a tool's own), and a shared
+    /// space's group leaves the agent's groups once no grant of a space of that group is left.
+    Revoke {
+        #[command(flatten)]
+        at: At,
+        /// The agent.
+        name: String,
+        /// What: CLASS:NAME, as granted.
+        object: String,
+        /// The permission, as granted.
+        perm: String,
+    },
+    /// Set a control of agent NAME that only the host's operator sets: uid, gid or groups
+    /// (gids separated by commas or spaces; "" for none). Runs started from now on take it.
+    Set {
+        #[command(flatten)]
+        at: At,
+        /// The agent.
+        name: String,
+        /// The control: uid, gid or groups.
+        #[arg(value_parser = ["uid", "gid", "groups"])]
+        key: String,
+        /// Its new value.
+        value: String,
+        /// Allow uid 0 (an agent running as root owns the host's files).
+        #[arg(long)]
+        allow_root: bool,
+    },
     /// Start the agent's terminal in a bubblewrap sandbox; returns once it answers.
     Start(StartArgs),
     /// Stop a running agent session: SIGTERM, the grace period, SIGKILL; view and socket removed.
@@ -273,10 +301,11 @@ pub struct StartArgs {
     /// otherwise).
     #[arg(long)]
     no_ceilings: bool,
-    /// A hosted CLI profile: tsh, codex, claude or pi (arguments after -- go to it).
+    /// A hosted CLI profile: tsh, codex, claude or pi (arguments after -- go to it). Default:
+    /// the agent's `profile` control when it names one of these and no command is given.
     #[arg(long)]
     profile: Option<String>,
-    /// The command (default: tsh).
+    /// The command (default: the agent's profile, else tsh).
     #[arg(last = true)]
     cmd: Vec<String>,
 }
@@ -533,6 +562,15 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                 out::line(line)?;
             }
             Ok(())
+        }
+        Cmd::Revoke { at, name, object, perm } => {
+            for line in agents::revoke(&at.source, &name, &object, &perm).map_err(exit::launch)? {
+                out::line(line)?;
+            }
+            Ok(())
+        }
+        Cmd::Set { at, name, key, value, allow_root } => {
+            out::line(agents::set(&at.source, &name, &key, &value, allow_root).map_err(exit::launch)?)
         }
         Cmd::Start(a) => {
             let mounts = a

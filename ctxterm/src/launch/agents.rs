@@ -486,27 +486,34 @@ pub fn remove(storage: &Path, name: &str, yes: bool) -> Result<Vec<String>> {
     Ok(out)
 }
 
-/// Grants agent `name` the permission `perm` on `object` (`CLASS:NAME`, e.g. `tool:fs.read`):
-/// one `allow LABEL CLASS:NAME PERM` line in its policy, and for a tool the same line in the
-/// tool's own policy, since a tool runs only when both agree. The tool's side is written first,
-/// so that a failure part way grants nothing; each file is replaced whole. A line already there
-/// is left alone. Returns what was done, a line each.
-pub fn grant(storage: &Path, name: &str, object: &str, perm: &str) -> Result<Vec<String>> {
+/// The agent `name` of `storage`, checked to exist, and its label.
+fn agent_label(storage: &Path, name: &str) -> Result<String> {
     policy::name::validate(name).map_err(|e| invalid(format!("invalid agent name {name:?}: {e}")))?;
     let dir = agent_dir(storage);
     if std::fs::symlink_metadata(dir.join(name)).is_err() {
         return Err(Error::State(format!("no agent/{name} in {}", storage.display())));
     }
-    let label = String::from_utf8(read_control(&dir.join(format!("{name}.d/label"))).unwrap_or_default())
+    Ok(String::from_utf8(read_control(&dir.join(format!("{name}.d/label"))).unwrap_or_default())
         .unwrap_or_default()
         .trim()
-        .to_owned();
+        .to_owned())
+}
+
+/// The policy line `allow LABEL OBJECT PERM`, parsed, and the files a grant of it writes: the
+/// tool's own policy for a tool (it must exist), then the agent's.
+fn grant_files(
+    storage: &Path,
+    name: &str,
+    label: &str,
+    object: &str,
+    perm: &str,
+) -> Result<(String, policy::v0::Rule, Vec<PathBuf>)> {
     let line = format!("allow {label} {object} {perm}");
     let rules = policy::v0::parse(line.as_bytes()).map_err(|errs| {
         let why: Vec<String> = errs.iter().map(ToString::to_string).collect();
         invalid(format!("{object} {perm}: {}", why.join("; ")))
     })?;
-    let rule = rules.first().ok_or_else(|| invalid(format!("{object} {perm}: not a rule")))?;
+    let rule = rules.into_iter().next().ok_or_else(|| invalid(format!("{object} {perm}: not a rule")))?;
     let mut files = Vec::new();
     if rule.class == policy::v0::Class::Tool {
         let tool = storage.join("tool").join(&*rule.object);
@@ -515,7 +522,57 @@ pub fn grant(storage: &Path, name: &str, object: &str, perm: &str) -> Result<Vec
         }
         files.push(storage.join("tool").join(format!("{}.d/policy", rule.object)));
     }
-    files.push(dir.join(format!("{name}.d/policy")));
+    files.push(agent_dir(storage).join(format!("{name}.d/policy")));
+    Ok((line, rule, files))
+}
+
+/// The group of the shared space `space` of `storage`: its directory's (`ctx shared new
+/// --group`).
+fn space_group(storage: &Path, space: &str) -> Result<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = storage.join("shared").join(space);
+    match std::fs::symlink_metadata(&dir) {
+        Ok(m) if m.is_dir() => Ok(m.gid()),
+        _ => Err(Error::State(format!(
+            "no shared/{space} in {}: make it with ctx shared new {space} --group GID",
+            storage.display()
+        ))),
+    }
+}
+
+/// The agent's `groups` control, as numbers.
+fn groups_of(storage: &Path, name: &str) -> Vec<u32> {
+    let text = read_control(&agent_dir(storage).join(format!("{name}.d/groups"))).unwrap_or_default();
+    String::from_utf8_lossy(&text).split_whitespace().filter_map(|g| g.parse().ok()).collect()
+}
+
+/// Replaces the agent's `groups` control with `groups` (a line of gids).
+fn write_groups(storage: &Path, name: &str, groups: &[u32]) -> Result<()> {
+    let f = agent_dir(storage).join(format!("{name}.d/groups"));
+    let text: Vec<String> = groups.iter().map(u32::to_string).collect();
+    let bytes = if text.is_empty() { String::new() } else { format!("{}\n", text.join(" ")) };
+    write_control(&f, bytes.as_bytes())
+}
+
+/// Replaces (or makes) a control file whole.
+fn write_control(f: &Path, bytes: &[u8]) -> Result<()> {
+    if f.exists() { rewrite(f, bytes) } else { std::fs::write(f, bytes) }
+        .map_err(|source| Error::Control { path: f.to_path_buf(), source })
+}
+
+/// Grants agent `name` the permission `perm` on `object` (`CLASS:NAME`, e.g. `tool:fs.read`):
+/// one `allow LABEL CLASS:NAME PERM` line in its policy, and for a tool the same line in the
+/// tool's own policy, since a tool runs only when both agree. The tool's side is written first,
+/// so that a failure part way grants nothing; each file is replaced whole. A line already there
+/// is left alone. A shared space also needs its group: it is added to the agent's `groups`
+/// (which a run takes when it starts). Returns what was done, a line each.
+pub fn grant(storage: &Path, name: &str, object: &str, perm: &str) -> Result<Vec<String>> {
+    let label = agent_label(storage, name)?;
+    let (line, rule, files) = grant_files(storage, name, &label, object, perm)?;
+    let group = match rule.class {
+        policy::v0::Class::Shared => Some(space_group(storage, &rule.object)?),
+        _ => None,
+    };
     let mut said = Vec::new();
     for f in files {
         let text = read_control(&f).unwrap_or_default();
@@ -532,11 +589,117 @@ pub fn grant(storage: &Path, name: &str, object: &str, perm: &str) -> Result<Vec
         if new.len() > controls::CONTROL_MAX {
             return Err(invalid(format!("{shown}: would be larger than {} bytes", controls::CONTROL_MAX)));
         }
-        if f.exists() { rewrite(&f, &new) } else { std::fs::write(&f, &new) }
-            .map_err(|source| Error::Control { path: f.clone(), source })?;
+        write_control(&f, &new)?;
         said.push(format!("{shown}: added {line}"));
     }
+    if let Some(gid) = group {
+        let mut groups = groups_of(storage, name);
+        if groups.contains(&gid) {
+            said.push(format!("agent/{name}.d/groups: already has {gid}"));
+        } else {
+            groups.push(gid);
+            write_groups(storage, name, &groups)?;
+            said.push(format!(
+                "agent/{name}.d/groups: added {gid} (shared/{}'s group; runs started from now on have it)",
+                rule.object
+            ));
+        }
+    }
     Ok(said)
+}
+
+/// Takes back what [`grant`] gave: the line `allow LABEL OBJECT PERM` leaves the agent's policy
+/// (and a tool's own), and a shared space's group leaves the agent's `groups` once no line of
+/// its policy grants a space of that group. A line not there is said, and is not an error.
+pub fn revoke(storage: &Path, name: &str, object: &str, perm: &str) -> Result<Vec<String>> {
+    let label = agent_label(storage, name)?;
+    let (line, rule, files) = grant_files(storage, name, &label, object, perm)?;
+    let mut said = Vec::new();
+    // The agent's side first, so that a failure part way leaves less granted, never more.
+    for f in files.iter().rev() {
+        let text = read_control(f).unwrap_or_default();
+        let shown = f.strip_prefix(storage).unwrap_or(f).display().to_string();
+        let text = String::from_utf8_lossy(&text);
+        if !text.lines().any(|l| l.trim() == line) {
+            said.push(format!("{shown}: has no {line}"));
+            continue;
+        }
+        let kept: String = text.lines().filter(|l| l.trim() != line).map(|l| format!("{l}\n")).collect();
+        write_control(f, kept.as_bytes())?;
+        said.push(format!("{shown}: removed {line}"));
+    }
+    if rule.class == policy::v0::Class::Shared
+        && let Ok(gid) = space_group(storage, &rule.object)
+    {
+        let policy = read_control(&agent_dir(storage).join(format!("{name}.d/policy"))).unwrap_or_default();
+        let still = policy::v0::parse(&policy).unwrap_or_default().iter().any(|r| {
+            r.class == policy::v0::Class::Shared
+                && &*r.subject == label.as_str()
+                && space_group(storage, &r.object).is_ok_and(|g| g == gid)
+        });
+        let mut groups = groups_of(storage, name);
+        if !still && groups.contains(&gid) {
+            groups.retain(|g| *g != gid);
+            write_groups(storage, name, &groups)?;
+            said.push(format!("agent/{name}.d/groups: removed {gid} (runs started from now on lack it)"));
+        }
+    }
+    Ok(said)
+}
+
+/// The controls of an agent that only the host's operator sets (an agent cannot change its own
+/// identity): `uid`, `gid`, `groups`.
+pub const HOST_OWNED: [&str; 3] = ["uid", "gid", "groups"];
+
+/// Sets the host-owned control `key` of agent `name` to `value` (`groups`: gids separated by
+/// spaces or commas, or empty). A uid goes through the checks of [`create_as`]: 0 only with
+/// `allow_root`, a uid another agent or an account holds with a warning, and it is recorded
+/// host-wide. Returns what was done.
+pub fn set(storage: &Path, name: &str, key: &str, value: &str, allow_root: bool) -> Result<String> {
+    agent_label(storage, name)?;
+    let id = |v: &str| {
+        v.trim().parse::<u32>().map_err(|_| invalid(format!("{key} {v:?}: not a number (a uid or gid)")))
+    };
+    let f = agent_dir(storage).join(format!("{name}.d/{key}"));
+    match key {
+        "groups" => {
+            let groups = value
+                .split(|c: char| c == ',' || c.is_whitespace())
+                .filter(|g| !g.is_empty())
+                .map(id)
+                .collect::<Result<Vec<u32>>>()?;
+            if groups.len() > 64 {
+                return Err(invalid("groups: at most 64"));
+            }
+            write_groups(storage, name, &groups)?;
+            let shown: Vec<String> = groups.iter().map(u32::to_string).collect();
+            Ok(format!("agent/{name}.d/groups: {}", shown.join(" ")))
+        }
+        "gid" => {
+            let gid = id(value)?;
+            write_control(&f, format!("{gid}\n").as_bytes())?;
+            Ok(format!("agent/{name}.d/gid: {gid}"))
+        }
+        "uid" => {
+            let uid = id(value)?;
+            if uid == 0 && !allow_root {
+                return Err(invalid(
+                    "uid 0 is root: an agent running as root owns the host's files; give --allow-root to mean it",
+                ));
+            }
+            let _ids = lock_host_ids()?;
+            if let Some(holder) = holder_of(storage, uid)?.filter(|h| !h.ends_with(&format!("agent/{name}")))
+            {
+                eprintln!("ctx: warning: uid {uid} is also {holder}'s: Linux will not tell them apart");
+            }
+            write_control(&f, format!("{uid}\n").as_bytes())?;
+            record_host_id(uid, storage, name)?;
+            Ok(format!(
+                "agent/{name}.d/uid: {uid} (runs started from now on; its home stays under the old uid)"
+            ))
+        }
+        _ => Err(invalid(format!("{key}: not a host-owned control ({})", HOST_OWNED.join(", ")))),
+    }
 }
 
 /// Replaces the file `path` whole: a temporary file beside it with the same owner and mode,

@@ -86,6 +86,9 @@ struct TurnState {
     done: bool,
     cancelled: bool,
     child: Option<u32>,
+    /// The connection to a running terminal's `ctxterm` when the turn joined that run:
+    /// cancelling closes it, which ends the turn's command and nothing else of the run.
+    joined: Option<UnixStream>,
 }
 
 impl Turn {
@@ -100,6 +103,7 @@ impl Turn {
                 done: false,
                 cancelled: false,
                 child: None,
+                joined: None,
             }),
             changed: Condvar::new(),
         }
@@ -506,7 +510,11 @@ impl Server {
                     }
                     !s.done
                 };
-                if running {
+                let joined = t.state.lock().unwrap_or_else(|e| e.into_inner()).joined.take();
+                if let Some(j) = joined {
+                    // A turn in a terminal's run: its command ends, the terminal runs on.
+                    let _ = j.shutdown(std::net::Shutdown::Both);
+                } else if running {
                     let _ = super::stop(&self.control, &t.agent, &t.session);
                     if let Some(pid) = t.state.lock().unwrap_or_else(|e| e.into_inner()).child
                         && let Some(p) = rustix::process::Pid::from_raw(pid as i32)
@@ -718,13 +726,26 @@ impl Server {
             json!({"type": "done", "id": s.id, "status": "error"})
         };
         let agent = t.agent.as_str();
-        let cwd = if s.cwd.is_some() { "/workspace" } else { "/" };
+        let cwd = if s.cwd.is_some() || s.here.is_some() { "/workspace" } else { "/" };
         let dir = match &s.space {
             Some(space) => self.ctx.join(runtime::shared_session_path(space, agent, &s.session)),
             None => runtime::session_dir(&self.ctx, uid, agent, &s.session),
         };
-        let term = runtime::run_dir(&self.control, agent, &s.session).join("term/main.sock");
-        if let Err(e) = session::prepare(&self.ctx, &dir, uid, gid, s.space.is_some(), cwd, &term) {
+        let profile = self.control(agent, "profile").lines().next().unwrap_or("").trim().to_owned();
+        let run_dir = runtime::run_dir(&self.control, agent, &s.session);
+        // A run of the session going on (a terminal started with `ctx agent start`): the turn
+        // joins it, or is refused saying why, before anything is recorded.
+        let joined = match super::rundir::supervisor(&run_dir) {
+            Some(pid) => match joinable(&run_dir, pid, s, &profile) {
+                Ok(j) => Some(j),
+                Err(r) => return fail(r.code, r.message),
+            },
+            None => None,
+        };
+        let term = run_dir.join("term/main.sock");
+        if joined.is_none()
+            && let Err(e) = session::prepare(&self.ctx, &dir, uid, gid, s.space.is_some(), cwd, &term)
+        {
             return fail("EIO", e.to_string());
         }
         let records = read_records(&dir);
@@ -753,63 +774,92 @@ impl Server {
                 return fail("EIO", format!("{}: {e}", dir.join("messages.jsonl").display()));
             }
         }
-        t.push(json!({"type": "start", "id": s.id, "session": s.session}));
-        let profile = self.control(agent, "profile").lines().next().unwrap_or("").trim().to_owned();
+        let mut start = json!({"type": "start", "id": s.id, "session": s.session});
+        if joined.is_some() {
+            start["joined"] = json!(true);
+        }
+        t.push(start);
         // The agent's template, as it is now: an agent.update of it shows in the next turn.
         let prompt = prompt_of(&self.control(agent, "prompt.template.md"), s);
         let (args, new_cli_session) = match cli_args(&profile, agent, &dir, &prompt) {
             Ok(a) => a,
             Err(m) => return fail("EINVAL", m),
         };
-        let mut cmd = Command::new(&self.ctx_bin);
-        cmd.args(["agent", "start", agent, "--session", &s.session, "--headless", "--ctx"])
-            .arg(&self.ctx)
-            .arg("--control")
-            .arg(&self.control);
-        // The caller's directory, pinned: opened without following a symlink, checked to be
-        // the caller's on that descriptor, and bound from it where only root can change what
-        // the name leads to; the run binds the pin, never the caller's path again.
-        let pin = match &s.cwd {
-            Some(c) => match self.pin(c, caller) {
-                Ok(p) => Some(Pin(p)),
+        let (mut runner, stdin, stdout, stderr) = match &joined {
+            Some(j) => match join_turn(&run_dir, j, &args) {
+                Ok((stream, i, o, e)) => {
+                    let mut st = t.state.lock().unwrap_or_else(|e| e.into_inner());
+                    st.joined = stream.try_clone().ok();
+                    if st.cancelled {
+                        let _ = stream.shutdown(std::net::Shutdown::Both);
+                    }
+                    (Runner::Joined(stream), Some(i), Some(o), Some(e))
+                }
                 Err(r) => return fail(r.code, r.message),
             },
-            None => None,
-        };
-        match &pin {
-            Some(p) => cmd.arg("--cwd").arg(&p.0),
-            None => cmd.arg("--no-default-workspace"),
-        };
-        if let Some(space) = &s.space {
-            cmd.args(["--shared", space]);
-        }
-        if ["codex", "claude", "pi"].contains(&profile.as_str()) {
-            cmd.args(["--profile", &profile]);
-        }
-        cmd.arg("--").args(&args);
-        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) => return fail("EAGAIN", format!("ctx agent start: {e}")),
-        };
-        {
-            // A cancel that came before the child existed stops it now.
-            let mut st = t.state.lock().unwrap_or_else(|e| e.into_inner());
-            st.child = Some(child.id());
-            if st.cancelled
-                && let Some(p) = rustix::process::Pid::from_raw(child.id() as i32)
-            {
-                let _ = rustix::process::kill_process_group(p, rustix::process::Signal::TERM);
+            None => {
+                let mut cmd = Command::new(&self.ctx_bin);
+                cmd.args(["agent", "start", agent, "--session", &s.session, "--headless", "--ctx"])
+                    .arg(&self.ctx)
+                    .arg("--control")
+                    .arg(&self.control);
+                // The caller's directory, pinned: opened without following a symlink, checked
+                // to be the caller's on that descriptor, and bound from it where only root can
+                // change what the name leads to; the run binds the pin, never the caller's
+                // path again.
+                let pin = match (&s.cwd, &s.here) {
+                    (Some(c), _) => match self.pin(c, caller) {
+                        Ok(p) => Some(Pin(p)),
+                        Err(r) => return fail(r.code, r.message),
+                    },
+                    // The caller's own directory, as `ctx agent start` takes it: when it is
+                    // not the caller's to give, the run has no workspace.
+                    (None, Some(h)) => self.pin(h, caller).ok().map(Pin),
+                    (None, None) => None,
+                };
+                match &pin {
+                    Some(p) => cmd.arg("--cwd").arg(&p.0),
+                    None => cmd.arg("--no-default-workspace"),
+                };
+                if let Some(space) = &s.space {
+                    cmd.args(["--shared", space]);
+                }
+                if ["codex", "claude", "pi"].contains(&profile.as_str()) {
+                    cmd.args(["--profile", &profile]);
+                }
+                cmd.arg("--").args(&args);
+                cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+                std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+                let mut child = match cmd.spawn() {
+                    Ok(c) => c,
+                    Err(e) => return fail("EAGAIN", format!("ctx agent start: {e}")),
+                };
+                {
+                    // A cancel that came before the child existed stops it now.
+                    let mut st = t.state.lock().unwrap_or_else(|e| e.into_inner());
+                    st.child = Some(child.id());
+                    if st.cancelled
+                        && let Some(p) = rustix::process::Pid::from_raw(child.id() as i32)
+                    {
+                        let _ = rustix::process::kill_process_group(p, rustix::process::Signal::TERM);
+                    }
+                }
+                let file = |f: Option<std::os::fd::OwnedFd>| f.map(std::fs::File::from);
+                let (i, o, e) = (
+                    file(child.stdin.take().map(Into::into)),
+                    file(child.stdout.take().map(Into::into)),
+                    file(child.stderr.take().map(Into::into)),
+                );
+                (Runner::Spawned(child, pin), i, o, e)
             }
-        }
-        if let Some(mut i) = child.stdin.take() {
+        };
+        if let Some(mut i) = stdin {
             let input = if profile == "pi" { String::new() } else { prompt.clone() };
             std::thread::spawn(move || {
                 let _ = i.write_all(input.as_bytes());
             });
         }
-        let err = child.stderr.take().map(|e| {
+        let err = stderr.map(|e| {
             let id = s.id.clone();
             let text = Arc::new(Mutex::new(String::new()));
             let (turn, t2) = (Arc::clone(t), Arc::clone(&text));
@@ -826,7 +876,7 @@ impl Server {
             (h, text)
         });
         let (mut answer, mut cut) = (String::new(), false);
-        if let Some(o) = child.stdout.take() {
+        if let Some(o) = stdout {
             chunks(o, |c| {
                 if answer.len() < ANSWER_MAX {
                     answer.push_str(c);
@@ -836,9 +886,13 @@ impl Server {
                 t.push(json!({"type": "delta", "id": s.id, "text": c}));
             });
         }
-        let status = child.wait().map(super::supervise::code_of).unwrap_or(70);
-        // Its pid may be another process's from now on.
-        t.state.lock().unwrap_or_else(|e| e.into_inner()).child = None;
+        let status = runner.wait();
+        {
+            // Its pid may be another process's from now on.
+            let mut st = t.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.child = None;
+            st.joined = None;
+        }
         let mut stderr = String::new();
         if let Some((h, text)) = err {
             let _ = h.join();
@@ -960,6 +1014,129 @@ fn clear_stale_pins(dir: &Path) {
             tracing::warn!(pin = %pin.display(), error = %err, "a stale working-directory pin stays");
         }
     }
+}
+
+/// How a turn's command runs: a headless run of its own (`ctx agent start --headless`, with the
+/// caller's pinned directory), or joined to a running terminal's run (its `ctxterm` runs it).
+enum Runner {
+    Spawned(std::process::Child, #[allow(dead_code)] Option<Pin>),
+    Joined(UnixStream),
+}
+
+impl Runner {
+    /// Waits for the command's end: its exit code (70 when that cannot be known).
+    fn wait(&mut self) -> i32 {
+        match self {
+            Runner::Spawned(child, _) => child.wait().map(super::supervise::code_of).unwrap_or(70),
+            Runner::Joined(stream) => {
+                // `exit N`, or `ctxterm: WHY` when the command could not run.
+                let mut line = String::new();
+                let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+                let _ = BufReader::new(&*stream).take(256).read_line(&mut line);
+                match line.trim().strip_prefix("exit ").and_then(|n| n.parse().ok()) {
+                    Some(n) => n,
+                    None => {
+                        tracing::warn!(said = line.trim(), "a joined turn ended without its status");
+                        70
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What a turn joining a running terminal's run needs: the run's uid (its socket's owner),
+/// where the turn runs in its sandbox, and the command the turn's arguments follow.
+struct Joinable {
+    uid: u32,
+    cwd: &'static str,
+    base: Vec<String>,
+}
+
+/// Whether a turn `s` of an agent whose `profile` is that can join the run going on in
+/// `run` (its supervisor `pid`): the same scope, the same workspace (a `cwd` the turn gives
+/// must be the run's), and a run of the profile's CLI (for a hosted CLI). A refusal says why
+/// and what to do instead.
+fn joinable(run: &Path, pid: i32, s: &asock::Send, profile: &str) -> Result<Joinable, Refusal> {
+    let busy = |why: String| Refusal {
+        code: "EBUSY",
+        message: format!(
+            "session {} runs (ctx agent start, supervisor pid {pid}) and this turn cannot join it: {why}; \
+             type into the terminal with ctx agent send, or send the turn to another session (--session)",
+            s.session
+        ),
+    };
+    let c = super::rundir::read_contract(&run.join("contract.json")).map_err(|e| busy(e.to_string()))?;
+    if c.space != s.space {
+        return Err(busy("it is in another place (a shared space or not)".into()));
+    }
+    if let Some(cwd) = &s.cwd {
+        let same = c.workspace.as_ref().is_some_and(|w| {
+            // root's: paths compared, nothing opened
+            std::fs::canonicalize(w).ok() == std::fs::canonicalize(cwd).ok()
+        });
+        if !same {
+            return Err(busy(match &c.workspace {
+                Some(w) => {
+                    format!("its workspace is {}, not {cwd} (send without --cwd to work there)", w.display())
+                }
+                None => "it has no workspace (send without --cwd)".into(),
+            }));
+        }
+    }
+    let base = match profile {
+        "" | "tsh" => vec!["/ctx/bin/tsh".to_owned()],
+        p if p.starts_with('/') => vec![p.to_owned()],
+        p => match &c.profile {
+            Some((name, base)) if name == p => base.clone(),
+            _ => return Err(busy(format!("it was not started with --profile {p}, the agent's profile"))),
+        },
+    };
+    Ok(Joinable { uid: c.uid, cwd: if c.workspace.is_some() { "/workspace" } else { "/" }, base })
+}
+
+/// Asks the `ctxterm` of the run in `run` to run the turn (`j`'s command, then `args`) beside
+/// its terminal: connected beneath the run's directory to a socket of the run's uid, the
+/// request sent with the command's standard input, output and error (pipes whose other ends
+/// are returned). Closing the connection ends the command.
+fn join_turn(
+    run: &Path,
+    j: &Joinable,
+    args: &[String],
+) -> Result<(UnixStream, std::fs::File, std::fs::File, std::fs::File), Refusal> {
+    use std::os::fd::AsFd;
+    let fail =
+        |why: String| Refusal { code: "EAGAIN", message: format!("joining the running session: {why}") };
+    let mut stream = crate::beneath::Tree::open(run)
+        .and_then(|t| t.connect("term/main.sock", j.uid))
+        .map_err(|e| fail(e.to_string()))?;
+    stream.write_all(b"turn\n").map_err(|e| fail(e.to_string()))?;
+    let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| fail(e.to_string()));
+    let ((in_r, in_w), (out_r, out_w), (err_r, err_w)) = (pipe()?, pipe()?, pipe()?);
+    let argv: Vec<&String> = j.base.iter().chain(args).collect();
+    let mut line = json!({"argv": argv, "cwd": j.cwd}).to_string();
+    line.push('\n');
+    if line.len() > crate::term::TURN_REQUEST_MAX {
+        return Err(Refusal {
+            code: "EMSGSIZE",
+            message: "the turn's command is too long to join a run".into(),
+        });
+    }
+    let fds = [in_r.as_fd(), out_w.as_fd(), err_w.as_fd()];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
+    let mut anc = rustix::net::SendAncillaryBuffer::new(&mut space);
+    anc.push(rustix::net::SendAncillaryMessage::ScmRights(&fds));
+    let sent = rustix::net::sendmsg(
+        &stream,
+        &[std::io::IoSlice::new(line.as_bytes())],
+        &mut anc,
+        rustix::net::SendFlags::NOSIGNAL,
+    )
+    .map_err(|e| fail(e.to_string()))?;
+    if sent != line.len() {
+        return Err(fail("the request was cut".into()));
+    }
+    Ok((stream, in_w.into(), out_r.into(), err_r.into()))
 }
 
 /// A pinned working directory, unmounted and removed when the turn is over.

@@ -27,6 +27,9 @@ pub struct Bind {
 /// The umask of everything in a sandbox: files an agent creates are not writable by others.
 pub const SANDBOX_UMASK: u32 = 0o022;
 
+/// Where a run's workspace is bound in its sandbox.
+pub const WORKSPACE: &str = "/workspace";
+
 /// Variables the launcher sets that an agent's `env` control may not change.
 pub const RESERVED_ENV: &[&str] = &[
     "CTX_ROOT",
@@ -102,6 +105,11 @@ pub struct Contract {
     /// The model the run's CLI is pointed at (`PROVIDER/MODEL`).
     #[serde(default)]
     pub model: Option<String>,
+    /// The profile the run was started with, and its command before the operator's arguments
+    /// (the program, its wiring to the model, the agent's instructions): a socket turn that
+    /// joins the run runs this with the turn's arguments.
+    #[serde(default)]
+    pub profile: Option<(String, Vec<String>)>,
     /// The variable the CLI reads its key from. The key itself is never in the contract.
     #[serde(default)]
     pub key_env: Option<String>,
@@ -183,7 +191,8 @@ pub struct Start {
     pub no_workspace: bool,
     /// The command (default: tsh), or the profile's arguments.
     pub cmd: Vec<String>,
-    /// A launch profile.
+    /// A launch profile (default: the agent's `profile` control when it names a hosted CLI
+    /// and no command is given).
     pub profile: Option<String>,
     /// The host mount.
     pub ctx: PathBuf,
@@ -330,16 +339,40 @@ pub fn derive(s: &Start) -> Result<Contract> {
             noexec: m.options.noexec,
         })
         .collect();
-    mounts.extend(s.mounts.iter().map(|(source, target, rw)| Bind {
-        source: source.clone(),
-        target: target.clone(),
-        rw: *rw,
-        nosuid: true,
-        nodev: true,
-        noexec: false,
-    }));
+    // The operator's --mount onto /workspace names the run's workspace (as --cwd does): it is
+    // the operator's to give and needs no grant; read-only, it is bound so over the workspace.
+    let mut given_workspace = None;
+    for (source, target, rw) in &s.mounts {
+        if target == Path::new(WORKSPACE) {
+            if s.no_workspace {
+                return Err(invalid("--mount onto /workspace and --no-default-workspace: choose one"));
+            }
+            if let Some(c) = s.cwd.as_ref().filter(|c| *c != source) {
+                return Err(invalid(format!(
+                    "--cwd {} and --mount {} /workspace name two workspaces: give one",
+                    c.display(),
+                    source.display()
+                )));
+            }
+            given_workspace = Some(source.clone());
+            if *rw {
+                continue;
+            }
+        }
+        mounts.push(Bind {
+            source: source.clone(),
+            target: target.clone(),
+            rw: *rw,
+            nosuid: true,
+            nodev: true,
+            noexec: false,
+        });
+    }
     for Bind { source: src, target: tgt, rw, .. } in &mounts {
         let target = tgt.to_string_lossy();
+        if given_workspace.as_ref().is_some_and(|w| w == src) && tgt == Path::new(WORKSPACE) {
+            continue;
+        }
         let allows = |permission| {
             policy.allows(&Query { subject: &label, class: Class::Mount, object: &target, permission })
         };
@@ -358,9 +391,10 @@ pub fn derive(s: &Start) -> Result<Contract> {
     let workspace = if s.no_workspace {
         None
     } else {
-        Some(match &s.cwd {
-            Some(c) => c.clone(),
-            None => std::env::current_dir()?,
+        Some(match (&given_workspace, &s.cwd) {
+            (Some(w), _) => w.clone(),
+            (None, Some(c)) => c.clone(),
+            (None, None) => std::env::current_dir()?,
         })
     };
     let home = format!("/ctx/home/{uid}");
@@ -393,7 +427,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
         ("PATH".to_owned(), "/ctx/bin:/usr/local/bin:/usr/bin:/bin".to_owned()),
     ];
     if workspace.is_some() {
-        env.push(("CTX_WORKSPACE".to_owned(), "/workspace".to_owned()));
+        env.push(("CTX_WORKSPACE".to_owned(), WORKSPACE.to_owned()));
     }
     // The agent's own variables: KEY=VALUE lines; the launcher's are not theirs to change.
     for line in read_control(&s.ctx, &s.agent, "env").unwrap_or_default().lines() {
@@ -417,7 +451,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
     }
     let cwd = match read_control(&s.ctx, &s.agent, "cwd").unwrap_or_default().trim() {
         "" | "/workspace" if workspace.is_none() => "/".to_owned(),
-        "" => "/workspace".to_owned(),
+        "" => WORKSPACE.to_owned(),
         c => {
             policy::path::check_absolute(c).map_err(|e| invalid(format!("agent/{}.d/cwd: {e}", s.agent)))?;
             c.to_owned()
@@ -434,7 +468,15 @@ pub fn derive(s: &Start) -> Result<Contract> {
     };
     let (mut model, mut key_env, mut key, mut egress, mut proxy) = (None, None, None, None, None);
     let (mut home_dirs, mut home_files, mut home_seed) = (Vec::new(), Vec::new(), Vec::new());
-    let cmd = match &s.profile {
+    let mut profile = None;
+    // No --profile and no command: the agent's `profile` control says what runs, as it does
+    // for a turn sent to its socket (a hosted CLI; anything else runs tsh).
+    let chosen = s.profile.clone().or_else(|| {
+        let own = read_control(&s.ctx, &s.agent, "profile").unwrap_or_default();
+        let own = own.lines().next().unwrap_or("").trim();
+        (s.cmd.is_empty() && ["codex", "claude", "pi"].contains(&own)).then(|| own.to_owned())
+    });
+    let cmd = match &chosen {
         Some(name) => {
             let p = profiles::find(name).ok_or_else(|| {
                 invalid(format!("unknown profile {name:?} (known: {})", profiles::names().join(" ")))
@@ -480,12 +522,14 @@ pub fn derive(s: &Start) -> Result<Contract> {
             // The agent's instructions, as the CLI takes them: an agent.update shows in the next run.
             let system = read_control(&s.ctx, &s.agent, "system.md").unwrap_or_default();
             args.extend(profiles::instruct(p, &system));
-            std::iter::once(p.program.to_owned()).chain(args).chain(s.cmd.iter().cloned()).collect()
+            let base: Vec<String> = std::iter::once(p.program.to_owned()).chain(args).collect();
+            profile = Some((p.name.to_owned(), base.clone()));
+            base.into_iter().chain(s.cmd.iter().cloned()).collect()
         }
         None if s.cmd.is_empty() => vec!["/ctx/bin/tsh".to_owned()],
         None => s.cmd.clone(),
     };
-    let records_only = s.cmd.is_empty() && s.profile.as_deref().is_none_or(|p| p == "tsh");
+    let records_only = s.cmd.is_empty() && chosen.as_deref().is_none_or(|p| p == "tsh");
     let limits = ceilings(s)?;
     let session_of = match &s.resume {
         Some(owner) => Some(resumable(s, owner, &label, &policy, (uid, gid, &groups))?),
@@ -527,6 +571,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
         home_files,
         home_seed,
         model,
+        profile,
         key_env,
         key,
         egress,
