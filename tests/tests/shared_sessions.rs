@@ -181,3 +181,54 @@ fn removing_a_space_never_crosses_a_mount_or_follows_a_link() {
     assert!(!space.exists());
     assert_eq!(fs::read_to_string(precious.join("keep")).unwrap(), "the operator's\n");
 }
+
+/// The README's shared-space block, as written: `grant ... shared:team write` did not add the
+/// space's group (the README said it did), so the start was refused 13; no grant could be
+/// taken back. Each line runs as the README has it (with this test's storage, mount and
+/// control socket), then the revoke takes the grant and the group back.
+#[test]
+fn the_readmes_shared_space_block_works_as_written_and_grants_undo() {
+    let s = Served::start();
+    let (st, mnt) = (s.storage.to_str().unwrap().to_owned(), s.mnt.to_str().unwrap().to_owned());
+    let control = s.control.to_str().unwrap().to_owned();
+    let work = s.dir.path().join("work");
+    fs::create_dir_all(&work).unwrap();
+    ok(ctx(&["bootstrap", &st]), "bootstrap");
+    ok(ctx(&["agent", "new", "coder", "--uid", "1521", "--gid", "1521", "--source", &st]), "coder");
+    let at = |args: &[&str], tail: &[&str]| {
+        Command::new(tests::bin("ctx")).current_dir(&work).args(args).args(tail).output().unwrap()
+    };
+    let (src, run) = (["--source", st.as_str()], ["--ctx", mnt.as_str(), "--control", control.as_str()]);
+    ok(at(&["shared", "new", "team", "--group", "3300"], &src), "shared new");
+    let o = ok(at(&["agent", "grant", "coder", "shared:team", "write"], &src), "grant");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("agent/coder.d/groups: added 3300"), "{}", tests::shown(&o));
+    ok(at(&["agent", "new", "critic", "--uid", "1522", "--gid", "1522"], &src), "critic");
+    ok(at(&["agent", "grant", "critic", "shared:team", "write"], &src), "grant critic");
+    ok(at(&["agent", "grant", "critic", "session:coder/review", "resume"], &src), "grant resume");
+    ok(at(&["agent", "start", "coder", "--shared", "team", "--session", "review"], &run), "start coder");
+    assert!(s.storage.join("shared/team/agent/coder/session/review").is_dir());
+    ok(at(&["agent", "start", "critic", "--shared", "team", "--resume", "coder", "--session", "review"], &run), "start critic");
+    let stop = ["--control", control.as_str()];
+    ok(at(&["agent", "stop", "critic", "--session", "review"], &stop), "stop critic");
+    ok(at(&["agent", "stop", "coder", "--session", "review"], &stop), "stop coder");
+    let groups = |a: &str| fs::read_to_string(s.storage.join(format!("agent/{a}.d/groups"))).unwrap_or_default();
+    assert_eq!(groups("critic").trim(), "3300");
+    let o = ok(at(&["agent", "revoke", "critic", "shared:team", "write"], &src), "revoke");
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(said.contains("removed allow critic_t shared:team write") && said.contains("removed 3300"), "{said}");
+    assert_eq!(groups("critic").trim(), "");
+    let policy = fs::read_to_string(s.storage.join("agent/critic.d/policy")).unwrap();
+    assert!(!policy.contains("shared:team") && policy.contains("session:coder/review resume"), "{policy}");
+    let o = at(&["agent", "start", "critic", "--shared", "team", "--session", "r2", "--wait"], &[&run[..], &["--", "/bin/true"]].concat());
+    assert_eq!(o.status.code(), Some(13), "{}", tests::shown(&o));
+    // A revoke of what was never granted says so and changes nothing.
+    let o = ok(at(&["agent", "revoke", "critic", "shared:team", "write"], &src), "revoke again");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("has no allow critic_t shared:team write"));
+    // What only the operator sets: groups and ids, uid 0 only when meant.
+    let o = ok(at(&["agent", "set", "coder", "groups", "3300,3301"], &src), "set groups");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("3300 3301"));
+    assert_eq!(groups("coder").trim(), "3300 3301");
+    assert_eq!(at(&["agent", "set", "coder", "uid", "0"], &src).status.code(), Some(2));
+    assert_eq!(at(&["agent", "set", "coder", "label", "x_t"], &src).status.code(), Some(2));
+    assert_eq!(at(&["agent", "set", "nosuch", "gid", "5"], &src).status.code(), Some(1));
+}
