@@ -64,3 +64,21 @@ impl From<ctxterm::launch::Error> for Exit {
 pub fn launch(e: ctxterm::launch::Error) -> anyhow::Error {
     Exit::from(e).into()
 }
+
+/// Checks that agent `name` is served at the host mount `ctx`: the one refusal for an agent
+/// that is not there (1), and for a mount that is not there (69), whatever the command.
+pub fn agent_at(ctx: &std::path::Path, name: &str) -> anyhow::Result<()> {
+    policy::name::validate(name)
+        .map_err(|e| Exit::new(INVALID, format!("invalid agent name {name:?}: {e}")))?;
+    // root's: the host mount's objects (no agent writes there)
+    if std::fs::symlink_metadata(ctx.join("agent").join(name)).is_ok() {
+        return Ok(());
+    }
+    // root's: as above
+    if std::fs::symlink_metadata(ctx.join("status")).is_err() {
+        return Err(
+            Exit::new(UNAVAILABLE, format!("nothing is served at {} (ctx mount)", ctx.display())).into()
+        );
+    }
+    Err(launch(ctxterm::launch::agents::no_agent(name, ctx)))
+}

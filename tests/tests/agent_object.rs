@@ -428,3 +428,65 @@ fn grant_writes_both_sides_once() {
         assert_eq!(o.status.code(), Some(code), "{args:?}: {}", tests::shown(&o));
     }
 }
+
+/// An unknown agent was 1, 2 or 69 depending on the command, and leaked paths
+/// (`/ctx/agent/nosuch.d/uid: No such file or directory`); `ctx object inspect` reported a
+/// missing object on stdout. Now it is one message and exit 1 everywhere, and a run that is
+/// not there is "not running" (1) for every command that needs one.
+#[test]
+fn an_unknown_agent_is_one_error_and_one_code_in_every_command() {
+    let s = tests::served::Served::start();
+    let (st, mnt) = (s.storage.to_str().unwrap(), s.mnt.to_str().unwrap());
+    let control = s.control.to_str().unwrap();
+    let by_storage: &[&[&str]] = &[
+        &["agent", "inspect", "nosuch"],
+        &["agent", "rm", "nosuch", "--yes"],
+        &["agent", "grant", "nosuch", "tool:x", "execute"],
+        &["agent", "revoke", "nosuch", "tool:x", "execute"],
+        &["agent", "set", "nosuch", "gid", "5"],
+    ];
+    for args in by_storage {
+        let out = run("ctx", &[args, &["--source", st][..]].concat());
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", text(&out.stderr));
+        assert_eq!(
+            text(&out.stderr).trim(),
+            format!("ctx: no agent nosuch in {st} (ctx agent ls lists them)"),
+            "{args:?}"
+        );
+    }
+    let by_mount: &[&[&str]] = &[
+        &["agent", "history", "nosuch"],
+        &["agent", "output", "nosuch"],
+        &["agent", "children", "nosuch"],
+        &["send", "nosuch", "hi"],
+        &["cancel", "nosuch"],
+    ];
+    for args in by_mount {
+        let out = run("ctx", &[args, &["--ctx", mnt][..]].concat());
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", text(&out.stderr));
+        assert_eq!(
+            text(&out.stderr).trim(),
+            format!("ctx: no agent nosuch in {mnt} (ctx agent ls lists them)"),
+            "{args:?}"
+        );
+    }
+    let out = run(
+        "ctx",
+        &["agent", "start", "nosuch", "--ctx", mnt, "--control", control, "--wait", "--", "/bin/true"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("no agent nosuch in"), "{}", text(&out.stderr));
+    for args in
+        [&["agent", "watch", "nosuch"][..], &["agent", "send", "nosuch", "hi"], &["agent", "stop", "nosuch"]]
+    {
+        let out = run("ctx", &[args, &["--control", control][..]].concat());
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", text(&out.stderr));
+        assert_eq!(text(&out.stderr).trim(), "ctx: agent nosuch session default is not running", "{args:?}");
+    }
+    let out = run("ctx", &["object", "inspect", "agent/nosuch", "--source", st]);
+    assert_eq!((out.status.code(), text(&out.stdout)), (Some(1), String::new()));
+    assert!(text(&out.stderr).contains("no agent/nosuch in"), "{}", text(&out.stderr));
+    // Nothing served at the mount named: unavailable, said so.
+    let out = run("ctx", &["agent", "history", "nosuch", "--ctx", "/nonexistent"]);
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+}

@@ -640,3 +640,45 @@ print("\nEXIT", os.waitstatus_to_exitcode(status))
     let o = ctx(&["cancel", "sockrt", "nosuch", "--ctx", &mnt], &[], "");
     assert_eq!(o.status.code(), Some(1), "{}", tests::shown(&o));
 }
+
+/// The spec's second flow (`ctx agent new reviewer --shared project-a:read`, then `ctx send
+/// reviewer "Inspect ..."`) sent the text to tsh as a tool name: an agent with no `profile`
+/// is refused with what to write there, and nothing is recorded.
+#[test]
+fn a_turn_to_an_agent_with_no_profile_names_the_control_and_records_nothing() {
+    let ep = Endpoint::start("true", "x");
+    let h = host(&ep);
+    let st = h.s.storage.display().to_string();
+    ok(ctx(&["shared", "new", "project-a", "--group", "3390", "--source", &st], &[], ""), "shared new");
+    ok(
+        ctx(
+            &[
+                "agent",
+                "new",
+                "reviewer",
+                "--uid",
+                "1091",
+                "--gid",
+                "1091",
+                "--shared",
+                "project-a:read",
+                "--source",
+                &st,
+            ],
+            &[],
+            "",
+        ),
+        "agent new",
+    );
+    Client::to(&h, "reviewer");
+    let mnt = h.s.mnt.display().to_string();
+    let o = ctx(
+        &["send", "reviewer", "Inspect /ctx/shared/project-a/input/screenshot.png", "--ctx", &mnt, "--wait"],
+        &[],
+        "",
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", tests::shown(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("agent/reviewer.d/profile is empty") && err.contains("echo codex >"), "{err}");
+    assert!(records(&h, 1091, "reviewer", "default").is_empty());
+}

@@ -201,25 +201,42 @@ fn the_readmes_shared_space_block_works_as_written_and_grants_undo() {
     let (src, run) = (["--source", st.as_str()], ["--ctx", mnt.as_str(), "--control", control.as_str()]);
     ok(at(&["shared", "new", "team", "--group", "3300"], &src), "shared new");
     let o = ok(at(&["agent", "grant", "coder", "shared:team", "write"], &src), "grant");
-    assert!(String::from_utf8_lossy(&o.stdout).contains("agent/coder.d/groups: added 3300"), "{}", tests::shown(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("agent/coder.d/groups: added 3300"),
+        "{}",
+        tests::shown(&o)
+    );
     ok(at(&["agent", "new", "critic", "--uid", "1522", "--gid", "1522"], &src), "critic");
     ok(at(&["agent", "grant", "critic", "shared:team", "write"], &src), "grant critic");
     ok(at(&["agent", "grant", "critic", "session:coder/review", "resume"], &src), "grant resume");
     ok(at(&["agent", "start", "coder", "--shared", "team", "--session", "review"], &run), "start coder");
     assert!(s.storage.join("shared/team/agent/coder/session/review").is_dir());
-    ok(at(&["agent", "start", "critic", "--shared", "team", "--resume", "coder", "--session", "review"], &run), "start critic");
+    ok(
+        at(
+            &["agent", "start", "critic", "--shared", "team", "--resume", "coder", "--session", "review"],
+            &run,
+        ),
+        "start critic",
+    );
     let stop = ["--control", control.as_str()];
     ok(at(&["agent", "stop", "critic", "--session", "review"], &stop), "stop critic");
     ok(at(&["agent", "stop", "coder", "--session", "review"], &stop), "stop coder");
-    let groups = |a: &str| fs::read_to_string(s.storage.join(format!("agent/{a}.d/groups"))).unwrap_or_default();
+    let groups =
+        |a: &str| fs::read_to_string(s.storage.join(format!("agent/{a}.d/groups"))).unwrap_or_default();
     assert_eq!(groups("critic").trim(), "3300");
     let o = ok(at(&["agent", "revoke", "critic", "shared:team", "write"], &src), "revoke");
     let said = String::from_utf8_lossy(&o.stdout);
-    assert!(said.contains("removed allow critic_t shared:team write") && said.contains("removed 3300"), "{said}");
+    assert!(
+        said.contains("removed allow critic_t shared:team write") && said.contains("removed 3300"),
+        "{said}"
+    );
     assert_eq!(groups("critic").trim(), "");
     let policy = fs::read_to_string(s.storage.join("agent/critic.d/policy")).unwrap();
     assert!(!policy.contains("shared:team") && policy.contains("session:coder/review resume"), "{policy}");
-    let o = at(&["agent", "start", "critic", "--shared", "team", "--session", "r2", "--wait"], &[&run[..], &["--", "/bin/true"]].concat());
+    let o = at(
+        &["agent", "start", "critic", "--shared", "team", "--session", "r2", "--wait"],
+        &[&run[..], &["--", "/bin/true"]].concat(),
+    );
     assert_eq!(o.status.code(), Some(13), "{}", tests::shown(&o));
     // A revoke of what was never granted says so and changes nothing.
     let o = ok(at(&["agent", "revoke", "critic", "shared:team", "write"], &src), "revoke again");

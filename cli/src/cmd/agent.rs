@@ -451,11 +451,7 @@ fn inspect(storage: &Path, name: &str, json: bool) -> anyhow::Result<()> {
     let i = publish::inspect(storage, ObjectClass::Agent, name, Tier::System)
         .map_err(|e| exit::launch(e.into()))?;
     if !i.installed {
-        return Err(Exit::new(
-            exit::FAILURE,
-            format!("agent/{name} is not installed in {}", agent_dir(storage).display()),
-        )
-        .into());
+        return Err(exit::launch(agents::no_agent(name, storage)));
     }
     let ctl = agent_dir(storage).join(format!("{name}.d"));
     if json {

@@ -205,11 +205,12 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                     "residue": i.residue,
                 });
                 out::line(v)?;
+            } else if !i.installed {
+                return Err(
+                    Exit::new(exit::FAILURE, format!("no {object} in {}", at.source.display())).into()
+                );
             } else {
-                out::line(format_args!(
-                    "{object}: {}",
-                    if i.installed { "installed" } else { "not installed" }
-                ))?;
+                out::line(format_args!("{object}: installed"))?;
                 out::line(format_args!("path: {}", i.path.display()))?;
                 out::line(format_args!("controls: {}", i.controls.join(" ")))?;
                 out::line(format_args!("previous version: {}", if i.has_previous { "yes" } else { "no" }))?;

@@ -68,6 +68,7 @@ fn refused(name: &str, f: &Value) -> anyhow::Error {
 /// or the run's error otherwise (13 `EACCES`, 2 `EINVAL`, 69 unavailable, 1 any other), 130
 /// when it was cancelled.
 pub fn run(a: Args) -> anyhow::Result<()> {
+    exit::agent_at(&a.ctx, &a.name)?;
     let socket = a.ctx.join("agent").join(format!("{}.sock", a.name));
     let (mut w, mut r, hello) = asock::connect(&socket)
         .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("cannot reach agent {}: {e}", a.name)))?;
@@ -268,8 +269,7 @@ pub struct CancelArgs {
 /// `ctx cancel NAME [ID]`: cancels a run started through the agent's socket. Exit 0 when it
 /// was cancelled (or had ended: said), 1 when there is no such run.
 pub fn cancel(a: CancelArgs) -> anyhow::Result<()> {
-    policy::name::validate(&a.name)
-        .map_err(|e| Exit::new(exit::INVALID, format!("agent {:?}: {e}", a.name)))?;
+    exit::agent_at(&a.ctx, &a.name)?;
     let socket = a.ctx.join("agent").join(format!("{}.sock", a.name));
     let unreachable = |e: String| Exit::new(exit::UNAVAILABLE, format!("cannot reach agent {}: {e}", a.name));
     let ids = match &a.id {

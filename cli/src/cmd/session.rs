@@ -10,6 +10,7 @@ use ctxterm::launch::receipt;
 use crate::exit::{self, Exit};
 
 fn uid_of(ctx: &Path, agent: &str) -> anyhow::Result<u32> {
+    exit::agent_at(ctx, agent)?;
     let t = ctxterm::launch::contract::read_control(ctx, agent, "uid").map_err(crate::exit::launch)?;
     t.trim().parse().map_err(|_| {
         Exit::new(exit::INVALID, format!("agent/{agent}.d/uid: {:?} is not a number", t.trim())).into()

@@ -22,6 +22,12 @@ fn invalid(message: impl Into<String>) -> Error {
     Error::Invalid(message.into())
 }
 
+/// The one refusal for an agent that is not there, whatever the command: `no agent NAME in
+/// WHERE` (exit 1).
+pub fn no_agent(name: &str, place: &Path) -> Error {
+    Error::State(format!("no agent {name} in {} (ctx agent ls lists them)", place.display()))
+}
+
 fn agent_dir(storage: &Path) -> PathBuf {
     storage.join(ObjectClass::Agent.as_str())
 }
@@ -249,7 +255,7 @@ fn shown_lines(storage: &Path, lines: &[(PathBuf, u32, String)]) -> String {
 fn authority_of(storage: &Path, name: &str) -> Result<generated::Authority> {
     let dir = agent_dir(storage).join(format!("{name}.d"));
     if std::fs::symlink_metadata(agent_dir(storage).join(name)).is_err() {
-        return Err(Error::State(format!("no agent/{name}")));
+        return Err(no_agent(name, storage));
     }
     generated::Authority::from_controls(name, |c| {
         String::from_utf8(read_control(&dir.join(c)).unwrap_or_default()).unwrap_or_default()
@@ -451,8 +457,8 @@ pub fn give_identity(storage: &Path, name: &str) -> Result<Option<u32>> {
 pub fn remove(storage: &Path, name: &str, yes: bool) -> Result<Vec<String>> {
     policy::name::validate(name).map_err(|e| invalid(format!("invalid agent name {name:?}: {e}")))?;
     let dir = agent_dir(storage);
-    if !dir.is_dir() {
-        return Err(Error::State(format!("agent/{name} is not installed in {}", dir.display())));
+    if std::fs::symlink_metadata(dir.join(name)).is_err() {
+        return Err(no_agent(name, storage));
     }
     let would = if yes { "" } else { "would " };
     let label = installed(storage)?.into_iter().find(|a| a.name == name).and_then(|a| a.label);
@@ -491,7 +497,7 @@ fn agent_label(storage: &Path, name: &str) -> Result<String> {
     policy::name::validate(name).map_err(|e| invalid(format!("invalid agent name {name:?}: {e}")))?;
     let dir = agent_dir(storage);
     if std::fs::symlink_metadata(dir.join(name)).is_err() {
-        return Err(Error::State(format!("no agent/{name} in {}", storage.display())));
+        return Err(no_agent(name, storage));
     }
     Ok(String::from_utf8(read_control(&dir.join(format!("{name}.d/label"))).unwrap_or_default())
         .unwrap_or_default()

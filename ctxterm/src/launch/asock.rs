@@ -733,6 +733,10 @@ impl Server {
         };
         let profile = self.control(agent, "profile").lines().next().unwrap_or("").trim().to_owned();
         let run_dir = runtime::run_dir(&self.control, agent, &s.session);
+        // A profile that names no runtime is refused before anything is recorded.
+        if let Err(m) = cli_args(&profile, agent, Path::new("/nonexistent"), "") {
+            return fail("EINVAL", m);
+        }
         // A run of the session going on (a terminal started with `ctx agent start`): the turn
         // joins it, or is refused saying why, before anything is recorded.
         let joined = match super::rundir::supervisor(&run_dir) {
@@ -1085,7 +1089,7 @@ fn joinable(run: &Path, pid: i32, s: &asock::Send, profile: &str) -> Result<Join
         }
     }
     let base = match profile {
-        "" | "tsh" => vec!["/ctx/bin/tsh".to_owned()],
+        "tsh" => vec!["/ctx/bin/tsh".to_owned()],
         p if p.starts_with('/') => vec![p.to_owned()],
         p => match &c.profile {
             Some((name, base)) if name == p => base.clone(),
@@ -1209,7 +1213,14 @@ fn cli_args(
         },
         "pi" => (v(&["-p", "--continue", prompt]), None),
         // tsh: the turn is lines of tool calls.
-        "" | "tsh" => (Vec::new(), None),
+        "tsh" => (Vec::new(), None),
+        "" => {
+            return Err(format!(
+                "agent/{agent}.d/profile is empty, so nothing would answer a turn: name its runtime there \
+                 (codex, claude, pi, tsh for lines of tool calls, or the absolute path of a runtime), \
+                 e.g. echo codex > /ctx/agent/{agent}.d/profile"
+            ));
+        }
         // A runtime of the agent's own, by its path in the sandbox.
         p if p.starts_with('/') && policy::path::check_absolute(p).is_ok() => (vec![p.to_owned()], None),
         p => {

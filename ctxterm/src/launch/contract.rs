@@ -275,7 +275,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
     policy::name::validate(&s.agent).map_err(|e| invalid(format!("agent {:?}: {e}", s.agent)))?;
     policy::name::validate(&s.session).map_err(|e| invalid(format!("session {:?}: {e}", s.session)))?;
     if !s.ctx.join("agent").join(&s.agent).exists() {
-        return Err(Error::State(format!("no agent {} in {}", s.agent, s.ctx.display())));
+        return Err(super::agents::no_agent(&s.agent, &s.ctx));
     }
     let num = |name: &str| -> Result<u32> {
         let t = read_control(&s.ctx, &s.agent, name)?;

@@ -15,6 +15,9 @@ use super::{Error, Result, rundir};
 /// and only when it is a socket of the run's uid (the contract, root's, says which).
 fn connect_to(control: &Path, agent: &str, session: &str) -> Result<UnixStream> {
     let run = runtime::run_dir(control, agent, session);
+    if rundir::supervisor(&run).is_none() {
+        return Err(Error::State(format!("agent {agent} session {session} is not running")));
+    }
     let unavailable = |e: &dyn std::fmt::Display| {
         Error::Unavailable(format!("{}: {e} (is the agent running?)", run.join("term/main.sock").display()))
     };
