@@ -257,7 +257,7 @@ fn ls_inspect_and_rm() {
     fs::create_dir_all(s.join("agent/.cortexfs-stage.x.1.2")).unwrap();
     fs::write(s.join("agent/.hidden"), "").unwrap();
 
-    assert_eq!(ok(&ctx(s, &["agent", "ls"])), "alpha\talpha_t\t1000\nzeta\tzeta_t\t2000\n");
+    assert_eq!(ok(&ctx(s, &["agent", "ls"])), "NAME\tLABEL\tUID\nalpha\talpha_t\t1000\nzeta\tzeta_t\t2000\n");
     let v: serde_json::Value = serde_json::from_str(&ok(&ctx(s, &["agent", "ls", "--json"]))).unwrap();
     assert_eq!(
         v,
@@ -285,7 +285,7 @@ fn ls_inspect_and_rm() {
 
     let out = ctx(s, &["agent", "inspect", "nobody-here"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("not installed"), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("no agent nobody-here in"), "{}", text(&out.stderr));
 
     let plan = ok(&ctx(s, &["agent", "rm", "alpha"]));
     assert!(plan.contains("would remove"), "{plan}");
@@ -294,11 +294,11 @@ fn ls_inspect_and_rm() {
     let done = ok(&ctx(s, &["agent", "rm", "alpha", "--yes"]));
     assert!(done.contains("removed agent/alpha"), "{done}");
     assert!(!s.join("agent/alpha").exists() && !s.join("agent/alpha.d").exists());
-    assert_eq!(ok(&ctx(s, &["agent", "ls"])), "zeta\tzeta_t\t2000\n");
+    assert_eq!(ok(&ctx(s, &["agent", "ls"])), "NAME\tLABEL\tUID\nzeta\tzeta_t\t2000\n");
 
     let out = ctx(s, &["agent", "rm", "alpha", "--yes"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("not installed"), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("no agent alpha in"), "{}", text(&out.stderr));
 }
 
 #[test]

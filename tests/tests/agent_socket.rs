@@ -251,7 +251,16 @@ fn a_client_drives_two_agents_at_once_and_each_turn_is_recorded_once() {
     assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 4, "{}", tests::shown(&o));
     let o = ok(ctx(&["agent", "output", "sockcx", "--session", &s, "--ctx", &mnt], &[], ""), "output");
     assert!(String::from_utf8_lossy(&o.stdout).contains("CHECKED"), "{}", tests::shown(&o));
-    // ctx send: --wait prints the answer.
+    let o =
+        ok(ctx(&["agent", "output", "sockcx", "--session", &s, "--ctx", &mnt, "--json"], &[], ""), "output");
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["output"].as_str().unwrap().contains("CHECKED") && v["session"] == s.as_str(), "{v}");
+    let o = ok(
+        ctx(&["model", "inspect", "main", "--json", "--source", &h.s.storage.display().to_string()], &[], ""),
+        "inspect",
+    );
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((v["model"].as_str(), v["aliases"][0].as_str()), (Some("local/m1"), Some("main")), "{v}");
     let args = ["send", "sockrt", "hello", "--session", &s, "--cwd", &cwd, "--ctx", &mnt, "--wait"];
     let o = ok(ctx(&args, &[], ""), "ctx send --wait");
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "ANSWER: hello");

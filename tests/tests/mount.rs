@@ -338,7 +338,7 @@ fn agent_views_show_only_what_the_agent_may_use() {
     // The host status counts views; ls lists them; removing one leaves the other.
     assert!(fs::read_to_string(s.p("status")).unwrap().contains("views 2\n"));
     let ls = ctx(&["view", "ls", "--control", control]);
-    assert_eq!(String::from_utf8_lossy(&ls.stdout).lines().count(), 2);
+    assert_eq!(String::from_utf8_lossy(&ls.stdout).lines().count(), 3, "a header and two views");
     assert!(ctx(&["view", "rm", v2.to_str().unwrap(), "--control", control]).status.success());
     assert!(fs::read_dir(&v2).unwrap().next().is_none(), "v2 unmounted");
     assert_eq!(names(&v1.join("tool")), ["hello.d", "hidden", "hidden.d"], "v1 undisturbed");

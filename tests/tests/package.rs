@@ -53,7 +53,18 @@ fn a_package_installs_runs_through_tsh_in_an_agent_view_and_uninstalls() {
     let again = ctx(&["install", pkg.to_str().unwrap(), "--source", st]);
     assert_eq!(again.status.code(), Some(1), "{}", tests::shown(&again));
     assert!(String::from_utf8_lossy(&again.stderr).contains("already installed"), "{}", tests::shown(&again));
-    assert!(ok(&ctx(&["install", "--list", "--source", st])).starts_with("review-kit 0.1.0 installed"));
+    let listed = ok(&ctx(&["install", "--list", "--source", st]));
+    assert!(
+        listed.starts_with("PACKAGE\tVERSION\tSTATE\tTIER\tOBJECTS\nreview-kit\t0.1.0\tinstalled\tsystem\t"),
+        "{listed}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&ctx(&["install", "--list", "--json", "--source", st]))).unwrap();
+    assert_eq!(
+        (v[0]["package"].as_str(), v[0]["state"].as_str()),
+        (Some("review-kit"), Some("installed")),
+        "{v}"
+    );
 
     // The agent the package brought runs the package's tools through tsh in its own view.
     let work = s.dir.path().join("work");

@@ -47,6 +47,10 @@ fn policy_check_good_file_and_several_files() {
     let out = run("ctx", &["policy", "check", good.to_str().unwrap(), bad.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stdout).starts_with(&format!("{}:1: error:", bad.display())));
+    let out = run("ctx", &["policy", "check", "--json", good.to_str().unwrap(), bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((v[0]["file"].as_str(), v[0]["line"].as_u64()), (bad.to_str(), Some(1)), "{v}");
     let out = run("ctx", &["policy", "check", "/nonexistent/file"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).starts_with("ctx: cannot read /nonexistent/file"));
@@ -338,7 +342,9 @@ fn secrets_and_models_from_the_command_line() {
     assert_eq!(std::fs::metadata(&f).unwrap().permissions().mode() & 0o777, 0o600);
     assert_eq!(std::fs::metadata(&store).unwrap().permissions().mode() & 0o777, 0o700);
     let o = ctx(&["secret", "ls"], "");
-    assert_eq!(text(&o.stdout), "cortexfs:acme\tapi-key\n");
+    assert_eq!(text(&o.stdout), "SERVICE\tACCOUNT\ncortexfs:acme\tapi-key\n");
+    let o = ctx(&["secret", "ls", "--json"], "");
+    assert_eq!(text(&o.stdout).trim(), r#"[{"account":"api-key","service":"cortexfs:acme"}]"#);
     assert!(!text(&o.stdout).contains("sk-value"));
     assert_eq!(ctx(&["secret", "set", "acme", "--account", "oauth:access"], "t").status.code(), Some(0));
     assert_eq!(ctx(&["secret", "set", "acme", "--account", "password"], "t").status.code(), Some(2));

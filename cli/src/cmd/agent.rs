@@ -193,6 +193,9 @@ pub enum Cmd {
         /// Rebuild latest.md from the last assistant message first.
         #[arg(long)]
         rebuild: bool,
+        /// Print one JSON object: {"agent","session","output"}.
+        #[arg(long)]
+        json: bool,
     },
     /// Check a session's context pack (context/pack.json and pack.md): shape and provenance.
     Pack {
@@ -439,9 +442,10 @@ fn ls(storage: &Path, json: bool) -> anyhow::Result<()> {
             .collect();
         return out::line(serde_json::Value::Array(v));
     }
+    let mut list = out::Listing::new("NAME\tLABEL\tUID");
     for a in &agents {
         let uid = a.uid.map_or_else(|| "-".to_owned(), |u| u.to_string());
-        out::line(format_args!("{}\t{}\t{uid}", a.name, a.label.as_deref().unwrap_or("-")))?;
+        list.row(format_args!("{}\t{}\t{uid}", a.name, a.label.as_deref().unwrap_or("-")))?;
     }
     Ok(())
 }
@@ -619,8 +623,9 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                     .collect();
                 return out::line(serde_json::Value::Array(v));
             }
+            let mut list = out::Listing::new("AGENT\tSESSION\tPID");
             for (agent, session, pid) in runs {
-                out::line(format_args!("{agent}\t{session}\t{pid}"))?;
+                list.row(format_args!("{agent}\t{session}\t{pid}"))?;
             }
             Ok(())
         }
@@ -636,8 +641,10 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             launch::terminal::send(&control, &name, &session, &text).map_err(exit::launch)
         }
         Cmd::History { name, at, json } => session::history(&at.ctx, &name, &at.session, json),
-        Cmd::Output { name, at, rebuild: false } => session::output(&at.ctx, &name, &at.session),
-        Cmd::Output { name, at, rebuild: true } => session::rebuild_latest(&at.ctx, &name, &at.session),
+        Cmd::Output { name, at, rebuild: false, json } => session::output(&at.ctx, &name, &at.session, json),
+        Cmd::Output { name, at, rebuild: true, json } => {
+            session::rebuild_latest(&at.ctx, &name, &at.session, json)
+        }
         Cmd::Pack { name, at, .. } => session::pack_check(&at.ctx, &name, &at.session),
         Cmd::Children { name, at, json } => session::children(&at.ctx, &name, &at.session, json),
         Cmd::Wait { name, child, at, timeout } => session::wait(&at.ctx, &name, &at.session, &child, timeout),

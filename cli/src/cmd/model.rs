@@ -59,6 +59,9 @@ pub enum Cmd {
         at: At,
         /// PROVIDER/MODEL, main or helper.
         name: String,
+        /// Print one JSON object: {"model","id","api","base_url","key_from","aliases"}.
+        #[arg(long)]
+        json: bool,
     },
     /// Point model/main or model/helper at an installed model.
     Alias {
@@ -98,7 +101,11 @@ pub enum SecretCmd {
         account: String,
     },
     /// List stored secrets as SERVICE and ACCOUNT, tab-separated; never a value.
-    Ls,
+    Ls {
+        /// Print a JSON array of {"service","account"} objects.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn parse_api(s: &str) -> Result<Api, String> {
@@ -156,15 +163,16 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                     .collect();
                 return out::line(serde_json::json!({"models": ms, "aliases": al}));
             }
+            let mut list = out::Listing::new("NAME\tAPI\tBASE_URL\tALIASES");
             for m in &all {
-                out::line(format_args!("{}\t{}\t{}", m.name, m.driver.api, m.driver.base_url))?;
-            }
-            for (a, t) in aliases {
-                out::line(format_args!("{a} -> {t}"))?;
+                let named: Vec<&str> =
+                    aliases.iter().filter(|(_, t)| *t == m.name).map(|(a, _)| *a).collect();
+                let named = if named.is_empty() { "-".to_owned() } else { named.join(",") };
+                list.row(format_args!("{}\t{}\t{}\t{named}", m.name, m.driver.api, m.driver.base_url))?;
             }
             Ok(())
         }
-        Cmd::Inspect { at, name } => {
+        Cmd::Inspect { at, name, json } => {
             let name = if policy::model::ALIASES.contains(&name.as_str()) {
                 models::alias_target(&at.source, &name)
                     .ok_or_else(|| Exit::new(exit::FAILURE, format!("model/{name} is not set")))?
@@ -172,6 +180,17 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                 name
             };
             let m = models::read(&at.source, &name).map_err(exit::launch)?;
+            let aliases: Vec<&str> = policy::model::ALIASES
+                .iter()
+                .copied()
+                .filter(|a| models::alias_target(&at.source, a).as_deref() == Some(m.name.as_str()))
+                .collect();
+            if json {
+                let key: Option<Vec<String>> = m.driver.needs_key.then(|| m.driver.key_vars());
+                return out::line(serde_json::json!({"model": m.name, "id": m.id,
+                    "api": m.driver.api.as_str(), "base_url": m.driver.base_url.to_string(),
+                    "key_from": key, "aliases": aliases}));
+            }
             out::line(format_args!("model {}", m.name))?;
             out::line(format_args!("id {}", m.id))?;
             out::line(format_args!("api {}", m.driver.api))?;
@@ -181,10 +200,8 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             } else {
                 out::line("key none")?;
             }
-            for a in policy::model::ALIASES {
-                if models::alias_target(&at.source, a).as_deref() == Some(m.name.as_str()) {
-                    out::line(format_args!("alias {a}"))?;
-                }
+            for a in aliases {
+                out::line(format_args!("alias {a}"))?;
             }
             Ok(())
         }
@@ -226,9 +243,16 @@ pub fn secret(cmd: SecretCmd) -> anyhow::Result<()> {
             }
             out::line(format_args!("removed {} {account}", secrets::service(&provider)))
         }
-        SecretCmd::Ls => {
-            for (s, a) in secrets::list().map_err(exit::launch)? {
-                out::line(format_args!("{s}\t{a}"))?;
+        SecretCmd::Ls { json } => {
+            let all = secrets::list().map_err(exit::launch)?;
+            if json {
+                let v: Vec<serde_json::Value> =
+                    all.iter().map(|(s, a)| serde_json::json!({"service": s, "account": a})).collect();
+                return out::line(serde_json::Value::Array(v));
+            }
+            let mut list = out::Listing::new("SERVICE\tACCOUNT");
+            for (s, a) in all {
+                list.row(format_args!("{s}\t{a}"))?;
             }
             Ok(())
         }

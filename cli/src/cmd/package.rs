@@ -38,6 +38,9 @@ pub struct InstallArgs {
     /// List the packages installed in the storage instead.
     #[arg(long, conflicts_with_all = ["dry_run", "uid"])]
     list: bool,
+    /// With --list: print a JSON array of {"package","version","state","uid","objects"}.
+    #[arg(long, requires = "list")]
+    json: bool,
 }
 
 /// Arguments of `ctx uninstall`.
@@ -56,10 +59,24 @@ pub struct UninstallArgs {
 /// Runs `ctx install`.
 pub fn install(a: InstallArgs) -> anyhow::Result<()> {
     if a.list {
-        for r in package::list(&a.source).map_err(fail)? {
-            let tier = r.uid.map_or("system".to_owned(), |u| format!("user {u}"));
+        let all = package::list(&a.source).map_err(fail)?;
+        if a.json {
+            let v: Vec<serde_json::Value> = all
+                .iter()
+                .map(|r| {
+                    let objects: Vec<String> =
+                        r.objects.iter().map(|o| format!("{}/{}", o.class, o.name)).collect();
+                    serde_json::json!({"package": r.name, "version": r.version, "state": r.state.to_string(),
+                        "uid": r.uid, "objects": objects})
+                })
+                .collect();
+            return out::line(serde_json::Value::Array(v));
+        }
+        let mut list = out::Listing::new("PACKAGE\tVERSION\tSTATE\tTIER\tOBJECTS");
+        for r in all {
+            let tier = r.uid.map_or("system".to_owned(), |u| format!("user:{u}"));
             let objects: Vec<String> = r.objects.iter().map(|o| format!("{}/{}", o.class, o.name)).collect();
-            out::line(format_args!("{} {} {} ({tier}): {}", r.name, r.version, r.state, objects.join(" ")))?;
+            list.row(format_args!("{}\t{}\t{}\t{tier}\t{}", r.name, r.version, r.state, objects.join(",")))?;
         }
         return Ok(());
     }

@@ -18,6 +18,9 @@ pub enum Cmd {
         /// Policy files to check.
         #[arg(required = true)]
         files: Vec<PathBuf>,
+        /// Print a JSON array of {"file","line","field","message","errno"}, one per bad line.
+        #[arg(long)]
+        json: bool,
     },
     /// Ask a policy file whether SUBJECT has PERM on CLASS:NAME.
     ///
@@ -55,13 +58,21 @@ fn read(file: &PathBuf) -> anyhow::Result<Vec<u8>> {
 /// Runs the command.
 pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
-        Cmd::Check { files } => {
+        Cmd::Check { files, json } => {
             let mut bad = false;
+            let mut all = Vec::new();
             for file in &files {
                 let text = read(file)?;
                 if let Err(errors) = v0::parse(&text) {
                     bad = true;
                     for e in errors {
+                        if json {
+                            all.push(
+                                serde_json::json!({"file": file, "line": e.line, "field": e.field.as_str(),
+                                "message": e.message, "errno": e.errno.to_string()}),
+                            );
+                            continue;
+                        }
                         out::line(format_args!(
                             "{}:{}: error: {}: {} ({})",
                             file.display(),
@@ -72,6 +83,9 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                         ))?;
                     }
                 }
+            }
+            if json {
+                out::line(serde_json::Value::Array(all))?;
             }
             if bad { Err(Exit::quiet(exit::INVALID).into()) } else { Ok(()) }
         }

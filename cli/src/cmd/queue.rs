@@ -195,6 +195,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                     "problems": problems,
                 }))
             } else {
+                let mut list = out::Listing::new("STATE\tJOB\tPROBLEM");
                 for (state, names) in [
                     ("pending", &l.pending),
                     ("claimed", &l.claimed),
@@ -202,11 +203,11 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                     ("failed", &l.failed),
                 ] {
                     for n in names {
-                        out::line(format_args!("{state}\t{n}"))?;
+                        list.row(format_args!("{state}\t{n}\t-"))?;
                     }
                 }
                 for (p, w) in &l.problems {
-                    out::line(format_args!("not-a-job\t{}\t{w}", p.display()))?;
+                    list.row(format_args!("not-a-job\t{}\t{w}", p.display()))?;
                 }
                 Ok(())
             }

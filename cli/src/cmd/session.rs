@@ -52,12 +52,19 @@ pub fn history(ctx: &Path, agent: &str, session: &str, json: bool) -> anyhow::Re
 }
 
 /// `ctx agent output`: the session's `latest.md`.
-pub fn output(ctx: &Path, agent: &str, session: &str) -> anyhow::Result<()> {
+pub fn output(ctx: &Path, agent: &str, session: &str, json: bool) -> anyhow::Result<()> {
     let d = dir(ctx, uid_of(ctx, agent)?, agent, session);
     let p = d.join("latest.md");
     let t = read_in(&d, "latest.md", SESSION_FILE_MAX).map_err(|e| Exit::io(p.display(), &e))?;
+    if json {
+        return output_json(agent, session, &String::from_utf8_lossy(&t));
+    }
     std::io::Write::write_all(&mut std::io::stdout(), &t)?;
     Ok(())
+}
+
+fn output_json(agent: &str, session: &str, text: &str) -> anyhow::Result<()> {
+    crate::out::line(serde_json::json!({"agent": agent, "session": session, "output": text}))
 }
 
 fn children_of(ctx: &Path, agent: &str, session: &str) -> anyhow::Result<Vec<receipt::ChildRecord>> {
@@ -72,11 +79,11 @@ pub fn children(ctx: &Path, agent: &str, session: &str, json: bool) -> anyhow::R
             .iter()
             .map(|c| serde_json::json!({"id": c.id, "agent": c.agent, "session": c.session, "status": c.status}))
             .collect();
-        println!("{}", serde_json::Value::Array(v));
-        return Ok(());
+        return crate::out::line(serde_json::Value::Array(v));
     }
+    let mut list = crate::out::Listing::new("ID\tAGENT\tSESSION\tSTATUS");
     for c in all {
-        println!("{}\t{}\t{}\t{}", c.id, c.agent, c.session, c.status);
+        list.row(format_args!("{}\t{}\t{}\t{}", c.id, c.agent, c.session, c.status))?;
     }
     Ok(())
 }
@@ -156,9 +163,12 @@ pub fn pack_check(ctx: &Path, agent: &str, session: &str) -> anyhow::Result<()> 
 
 /// `ctx agent output --rebuild`: `latest.md` from the last assistant message of
 /// `messages.jsonl` (its `content`, or `text`), replaced whole.
-pub fn rebuild_latest(ctx: &Path, agent: &str, session: &str) -> anyhow::Result<()> {
+pub fn rebuild_latest(ctx: &Path, agent: &str, session: &str, json: bool) -> anyhow::Result<()> {
     let d = dir(ctx, uid_of(ctx, agent)?, agent, session);
     let text = ctxterm::launch::session::rebuild_latest(&d).map_err(exit::launch)?;
+    if json {
+        return output_json(agent, session, &text);
+    }
     print!("{text}");
     Ok(())
 }

@@ -153,6 +153,7 @@ pub fn run(c: Cmd) -> anyhow::Result<()> {
         }
         Cmd::Ls { json, source } => {
             let mut rows = Vec::new();
+            let mut list = out::Listing::new("SPACE\tOWNER\tGROUP\tMODE\tAGENTS");
             let root = source.join("shared");
             let shared = ctxterm::beneath::Tree::open(&root).map_err(|e| Exit::io(root.display(), &e))?;
             let mut names: Vec<String> = shared
@@ -176,7 +177,7 @@ pub fn run(c: Cmd) -> anyhow::Result<()> {
                         "mode": format!("{:o}", m.st_mode & 0o7777), "agents": agents}));
                 } else {
                     let shown: Vec<String> = agents.iter().map(|(a, p)| format!("{a}:{p}")).collect();
-                    out::line(format!(
+                    list.row(format!(
                         "{n}\t{}\t{}\t{:o}\t{}",
                         m.st_uid,
                         m.st_gid,

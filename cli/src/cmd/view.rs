@@ -76,8 +76,9 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             if json {
                 return out::line(serde_json::to_value(&views)?);
             }
+            let mut list = out::Listing::new("AGENT\tSESSION\tPATH");
             for v in views {
-                out::line(format_args!("{}\t{}\t{}", v.agent, v.session, v.path))?;
+                list.row(format_args!("{}\t{}\t{}", v.agent, v.session, v.path))?;
             }
             Ok(())
         }

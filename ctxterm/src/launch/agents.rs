@@ -457,7 +457,10 @@ pub fn give_identity(storage: &Path, name: &str) -> Result<Option<u32>> {
 pub fn remove(storage: &Path, name: &str, yes: bool) -> Result<Vec<String>> {
     policy::name::validate(name).map_err(|e| invalid(format!("invalid agent name {name:?}: {e}")))?;
     let dir = agent_dir(storage);
-    if std::fs::symlink_metadata(dir.join(name)).is_err() {
+    // Its controls left alone (a removal cut short) are still removed.
+    if std::fs::symlink_metadata(dir.join(name)).is_err()
+        && std::fs::symlink_metadata(dir.join(format!("{name}.d"))).is_err()
+    {
         return Err(no_agent(name, storage));
     }
     let would = if yes { "" } else { "would " };
@@ -575,9 +578,13 @@ fn write_control(f: &Path, bytes: &[u8]) -> Result<()> {
 pub fn grant(storage: &Path, name: &str, object: &str, perm: &str) -> Result<Vec<String>> {
     let label = agent_label(storage, name)?;
     let (line, rule, files) = grant_files(storage, name, &label, object, perm)?;
-    let group = match rule.class {
-        policy::v0::Class::Shared => Some(space_group(storage, &rule.object)?),
-        _ => None,
+    // A space not made yet is granted ahead; its group cannot be known until it is.
+    let (group, ahead) = match rule.class {
+        policy::v0::Class::Shared => match space_group(storage, &rule.object) {
+            Ok(g) => (Some(g), None),
+            Err(e) => (None, Some(e.to_string())),
+        },
+        _ => (None, None),
     };
     let mut said = Vec::new();
     for f in files {
@@ -597,6 +604,11 @@ pub fn grant(storage: &Path, name: &str, object: &str, perm: &str) -> Result<Vec
         }
         write_control(&f, &new)?;
         said.push(format!("{shown}: added {line}"));
+    }
+    if let Some(why) = ahead {
+        said.push(format!(
+            "{why}; then give the agent its group: ctx agent grant again, or ctx agent set {name} groups"
+        ));
     }
     if let Some(gid) = group {
         let mut groups = groups_of(storage, name);
