@@ -5,14 +5,34 @@ CTX := target/debug/ctx
 FUZZ_SECONDS ?= 30
 FUZZ_TARGETS := policy_v0 manifest control_files package_toml package_record context_pack mcp_frame mcp_config receipt_request control_request commit_evidence log_recovery queue_lease model_driver term_mode term_turn agent_socket
 
-.PHONY: all build demo test lint fuzz-smoke bench bench-all
+PREFIX ?= /usr/local
+BINS := ctx tsh ctxterm cortexfs-core ctxmcp
+
+.PHONY: all build install install-files demo test lint fuzz-smoke bench bench-all
 
 all: build
 
 build:
 	$(CARGO) build --workspace --bins
 	$(CTX) generate man target/man
-	$(CTX) generate completions target/completions
+
+# Installs the binaries, the man pages (man ctx, man ctx-agent-start, ...) and the completions
+# of bash, zsh and fish under $(DESTDIR)$(PREFIX).
+install:
+	$(CARGO) build --release --workspace --bins
+	$(MAKE) install-files FROM=target/release
+
+# The install without a build, from the binaries in $(FROM).
+FROM ?= target/release
+install-files:
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 \
+	  $(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions \
+	  $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
+	for b in $(BINS); do install -m 0755 $(FROM)/$$b $(DESTDIR)$(PREFIX)/bin/$$b || exit 1; done
+	$(FROM)/ctx generate man $(DESTDIR)$(PREFIX)/share/man/man1
+	$(FROM)/ctx completions bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/ctx
+	{ $(FROM)/ctx completions zsh; echo '_clap_dynamic_completer_ctx "$$@"'; } > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_ctx
+	$(FROM)/ctx completions fish > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/ctx.fish
 
 demo:
 	@scripts/install-deps demo

@@ -65,9 +65,12 @@ enum Command {
     Bootstrap(cmd::bootstrap::Args),
     /// Read a manual: the installed copy under /ctx/shared/cortexfs-docs, else the built-in one.
     Man(cmd::man::Args),
-    /// Write man pages or shell completions of ctx (for packaging; `make` runs it).
+    /// Write man pages or shell completions of ctx (for packaging; `make install` runs it).
     #[command(hide = true)]
     Generate(cmd::generate::Args),
+    /// Print the completion script of a shell (bash, zsh, fish): commands, flags, and agent
+    /// and session names as /ctx serves them. `source <(ctx completions bash)`.
+    Completions(cmd::complete::Args),
     /// Check what this host needs for CortexFS; each failure says what to do (exit 1).
     Doctor(cmd::doctor::Args),
     /// Print where something is under /ctx (a shared space, a tool, an agent, a session).
@@ -126,6 +129,13 @@ fn main() -> ExitCode {
             .into())),
         };
     }
+    // A shell asking for completions (`COMPLETE=bash ctx -- WORDS`, from the script `ctx
+    // completions` prints) is answered here, and nothing else runs.
+    clap_complete::CompleteEnv::with_factory(<Cli as clap::CommandFactory>::command)
+        .var(cmd::complete::VAR)
+        .bin("ctx")
+        .completer("ctx")
+        .complete();
     // Usage errors say who is speaking, like every other error, and exit 2.
     let cli = Cli::try_parse().unwrap_or_else(|e| {
         if !e.use_stderr() {
@@ -159,6 +169,7 @@ fn main() -> ExitCode {
         Command::Bootstrap(a) => cmd::bootstrap::run(a),
         Command::Doctor(a) => cmd::doctor::run(a),
         Command::Man(a) => cmd::man::run(a),
+        Command::Completions(a) => cmd::complete::run(a),
         Command::Generate(a) => cmd::generate::run(a, <Cli as clap::CommandFactory>::command()),
         Command::Path(k) => cmd::path::run(k),
         Command::Status { ctx, json } => cmd::path::status(&ctx, json),

@@ -382,3 +382,77 @@ fn secrets_and_models_from_the_command_line() {
     let o = ctx(&["model", "rm", "acme/big", "--source", st], "");
     assert_eq!(o.status.code(), Some(1), "main points at it: {}", tests::shown(&o));
 }
+
+/// Completions and man pages were behind a hidden `ctx generate` and nothing installed them
+/// (`man ctx`: no entry). `make install-files` (what `make install` runs after its release
+/// build) puts the binaries, the man pages and the completions of bash, zsh and fish under a
+/// prefix: `man ctx` and `man ctx-agent-start` read there, and bash completes ctx's commands
+/// and the agents the daemon serves.
+#[test]
+fn make_install_puts_man_pages_and_completions_under_the_prefix() {
+    let prefix = tempfile::tempdir().unwrap();
+    let p = prefix.path();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let from = tests::bin("ctx").parent().unwrap().to_path_buf();
+    let o = Command::new("make")
+        .current_dir(root)
+        .args(["-s", "install-files"])
+        .arg(format!("PREFIX={}", p.display()))
+        .arg(format!("FROM={}", from.display()))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", tests::shown(&o));
+    for f in [
+        "bin/ctx",
+        "bin/tsh",
+        "bin/ctxterm",
+        "share/man/man1/ctx.1",
+        "share/man/man1/ctx-agent-start.1",
+        "share/bash-completion/completions/ctx",
+        "share/zsh/site-functions/_ctx",
+        "share/fish/vendor_completions.d/ctx.fish",
+    ] {
+        assert!(p.join(f).is_file(), "{f} installed");
+    }
+    for page in ["ctx", "ctx-agent-start"] {
+        let o = Command::new("man")
+            .env("MANPATH", p.join("share/man"))
+            .args(["-P", "cat", page])
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success() && text(&o.stdout).contains(&format!("{page}(1)")),
+            "{}",
+            tests::shown(&o)
+        );
+    }
+    let help = run("ctx", &["--help"]);
+    assert!(text(&help.stdout).contains("completions"), "listed in --help");
+    // bash, with the installed script: a command, then an agent the daemon serves.
+    let s = tests::served::Served::start();
+    let st = s.storage.to_str().unwrap();
+    assert!(run("ctx", &["agent", "new", "complme", "--source", st]).status.success());
+    let complete = |words: &str, cword: usize, cur: &str| {
+        let script = format!(
+            "source {}; COMP_WORDS=({words}); COMP_CWORD={cword}; _clap_complete_ctx ctx {cur} x; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            p.join("share/bash-completion/completions/ctx").display()
+        );
+        let path = format!("{}:{}", p.join("bin").display(), std::env::var("PATH").unwrap_or_default());
+        let o = Command::new("bash")
+            .args(["-c", &script])
+            .env("PATH", path)
+            .env("CTX_MOUNT", &s.mnt)
+            .output()
+            .unwrap();
+        text(&o.stdout)
+    };
+    assert!(complete("ctx agent sta", 2, "sta").lines().any(|l| l.trim() == "start"));
+    let t = std::time::Instant::now();
+    loop {
+        if complete("ctx agent start comp", 3, "comp").lines().any(|l| l.trim() == "complme") {
+            break;
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(10), "the agent is completed");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}

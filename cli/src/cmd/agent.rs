@@ -57,6 +57,7 @@ pub enum Cmd {
         #[command(flatten)]
         at: At,
         /// The agent.
+        #[arg(add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::agents))]
         name: String,
         /// Print one JSON object: {"agent", "path", "controls": {NAME: TEXT or null}}.
         #[arg(long)]
@@ -67,6 +68,7 @@ pub enum Cmd {
         #[command(flatten)]
         at: At,
         /// The agent.
+        #[arg(add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::agents))]
         name: String,
         /// Do it (without this, only print the plan).
         #[arg(long)]
@@ -78,6 +80,7 @@ pub enum Cmd {
         #[command(flatten)]
         at: At,
         /// The agent.
+        #[arg(add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::agents))]
         name: String,
         /// What: CLASS:NAME, e.g. tool:fs.read, shared:proj, mount:/data.
         object: String,
@@ -90,6 +93,7 @@ pub enum Cmd {
         #[command(flatten)]
         at: At,
         /// The agent.
+        #[arg(add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::agents))]
         name: String,
         /// What: CLASS:NAME, as granted.
         object: String,
@@ -102,6 +106,7 @@ pub enum Cmd {
         #[command(flatten)]
         at: At,
         /// The agent.
+        #[arg(add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::agents))]
         name: String,
         /// The control: uid, gid or groups.
         #[arg(value_parser = ["uid", "gid", "groups"])]
@@ -117,9 +122,10 @@ pub enum Cmd {
     /// Stop a running agent session: SIGTERM, the grace period, SIGKILL; view and socket removed.
     Stop {
         /// The agent.
+        #[arg(add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::agents))]
         name: String,
         /// The session.
-        #[arg(long, default_value = "default")]
+        #[arg(long, default_value = "default", add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::sessions))]
         session: String,
         /// The control socket of the daemon whose runs these are (its runtime directory holds
         /// them).
@@ -139,9 +145,10 @@ pub enum Cmd {
     /// Show an agent's terminal output (read only).
     Watch {
         /// The agent.
+        #[arg(add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::agents))]
         name: String,
         /// The session.
-        #[arg(long, default_value = "default")]
+        #[arg(long, default_value = "default", add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::sessions))]
         session: String,
         /// The control socket of the daemon whose runs these are (its runtime directory holds
         /// them).
@@ -151,9 +158,10 @@ pub enum Cmd {
     /// Join an agent's terminal: its output, and this terminal's input typed into it.
     Attach {
         /// The agent.
+        #[arg(add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::agents))]
         name: String,
         /// The session.
-        #[arg(long, default_value = "default")]
+        #[arg(long, default_value = "default", add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::sessions))]
         session: String,
         /// The control socket of the daemon whose runs these are (its runtime directory holds
         /// them).
@@ -163,9 +171,10 @@ pub enum Cmd {
     /// Type one line into an agent's terminal.
     Send {
         /// The agent.
+        #[arg(add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::agents))]
         name: String,
         /// The session.
-        #[arg(long, default_value = "default")]
+        #[arg(long, default_value = "default", add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::sessions))]
         session: String,
         /// The control socket of the daemon whose runs these are (its runtime directory holds
         /// them).
@@ -177,6 +186,7 @@ pub enum Cmd {
     /// Print a session's messages (messages.jsonl).
     History {
         /// The agent.
+        #[arg(add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::agents))]
         name: String,
         #[command(flatten)]
         at: SessionAt,
@@ -187,6 +197,7 @@ pub enum Cmd {
     /// Print a session's latest output (latest.md); --rebuild first rebuilds it from messages.
     Output {
         /// The agent.
+        #[arg(add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::agents))]
         name: String,
         #[command(flatten)]
         at: SessionAt,
@@ -200,6 +211,7 @@ pub enum Cmd {
     /// Check a session's context pack (context/pack.json and pack.md): shape and provenance.
     Pack {
         /// The agent.
+        #[arg(add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::agents))]
         name: String,
         #[command(flatten)]
         at: SessionAt,
@@ -210,6 +222,7 @@ pub enum Cmd {
     /// List a session's children: ID, AGENT, SESSION, STATUS.
     Children {
         /// The agent.
+        #[arg(add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::agents))]
         name: String,
         #[command(flatten)]
         at: SessionAt,
@@ -220,6 +233,7 @@ pub enum Cmd {
     /// Wait until a child ends: exit 0 done, 1 error, 130 cancelled.
     Wait {
         /// The parent agent.
+        #[arg(add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::agents))]
         name: String,
         /// The child (agent name or record id).
         child: String,
@@ -235,7 +249,7 @@ pub enum Cmd {
 #[derive(Debug, clap::Args)]
 pub struct SessionAt {
     /// The session.
-    #[arg(long, default_value = "default")]
+    #[arg(long, default_value = "default", add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::sessions))]
     session: String,
     /// The host's /ctx mount.
     #[arg(long, default_value = "/ctx")]
@@ -246,9 +260,10 @@ pub struct SessionAt {
 #[derive(Debug, clap::Args)]
 pub struct StartArgs {
     /// The agent.
+    #[arg(add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::agents))]
     name: String,
     /// The session.
-    #[arg(long, default_value = "default")]
+    #[arg(long, default_value = "default", add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::sessions))]
     session: String,
     /// The directory bound at /workspace (default: the current directory).
     #[arg(long)]

@@ -60,5 +60,29 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         _ => page.text.to_owned(),
     };
+    if std::io::IsTerminal::is_terminal(&std::io::stdout()) && paged(text.trim_end()) {
+        return Ok(());
+    }
     out::line(text.trim_end())
+}
+
+/// Shows `text` through `$PAGER` (default `less -FRX`: it leaves a page that fits on the
+/// screen at once); false when no pager could be started, and the text is then printed.
+fn paged(text: &str) -> bool {
+    use std::io::Write;
+    let pager =
+        std::env::var("PAGER").ok().filter(|p| !p.trim().is_empty()).unwrap_or_else(|| "less -FRX".into());
+    let mut words = pager.split_whitespace();
+    let Some(program) = words.next() else { return false };
+    let Ok(mut child) =
+        std::process::Command::new(program).args(words).stdin(std::process::Stdio::piped()).spawn()
+    else {
+        return false;
+    };
+    if let Some(mut i) = child.stdin.take() {
+        // A pager quit early closes its input: nothing more to show.
+        let _ = writeln!(i, "{text}");
+    }
+    let _ = child.wait();
+    true
 }

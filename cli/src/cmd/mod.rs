@@ -2,6 +2,7 @@
 
 pub mod agent;
 pub mod bootstrap;
+pub mod complete;
 pub mod doctor;
 pub mod generate;
 pub mod man;

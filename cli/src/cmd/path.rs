@@ -28,6 +28,7 @@ pub enum Kind {
     /// An agent: /ctx/agent/NAME.
     Agent {
         /// The agent.
+        #[arg(add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::agents))]
         name: String,
         #[command(flatten)]
         at: At,
@@ -35,9 +36,10 @@ pub enum Kind {
     /// A session of an agent: /ctx/home/UID/agent/NAME/session/SESSION (UID from agent/NAME.d/uid).
     Session {
         /// The agent.
+        #[arg(add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::agents))]
         name: String,
         /// The session.
-        #[arg(long, default_value = "default")]
+        #[arg(long, default_value = "default", add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::sessions))]
         session: String,
         #[command(flatten)]
         at: At,

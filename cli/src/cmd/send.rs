@@ -20,11 +20,12 @@ use crate::out;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The agent.
+    #[arg(add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::agents))]
     name: String,
     /// The text of the turn.
     text: String,
     /// The session.
-    #[arg(long, default_value = "default")]
+    #[arg(long, default_value = "default", add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::sessions))]
     session: String,
     /// The run's id (default: a new one); sending an id again follows that run.
     #[arg(long)]
@@ -254,12 +255,13 @@ fn cancel_one(socket: &Path, id: &str) -> Result<bool, String> {
 #[derive(Debug, clap::Args)]
 pub struct CancelArgs {
     /// The agent.
+    #[arg(add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::agents))]
     name: String,
     /// The run's id (as `ctx send` printed it); without it, every run of --session going on
     /// through the agent's socket.
     id: Option<String>,
     /// The session whose runs are cancelled when no id is given.
-    #[arg(long, default_value = "default")]
+    #[arg(long, default_value = "default", add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::sessions))]
     session: String,
     /// The host's /ctx mount.
     #[arg(long, default_value = "/ctx")]

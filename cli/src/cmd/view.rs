@@ -18,7 +18,7 @@ pub enum Cmd {
         #[arg(long)]
         agent: String,
         /// The session.
-        #[arg(long, default_value = "default")]
+        #[arg(long, default_value = "default", add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::sessions))]
         session: String,
         /// Where to mount it (default /run/cortexfs/view/AGENT/SESSION).
         #[arg(long)]
