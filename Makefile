@@ -8,7 +8,7 @@ FUZZ_TARGETS := policy_v0 manifest control_files package_toml package_record con
 PREFIX ?= /usr/local
 BINS := ctx tsh ctxterm cortexfs-core ctxmcp
 
-.PHONY: all build install install-files demo test lint fuzz-smoke bench bench-all
+.PHONY: all build install install-files demo demo-clean test lint fuzz-smoke bench bench-all
 
 all: build
 
@@ -35,12 +35,19 @@ install-files:
 	$(FROM)/ctx completions fish > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/ctx.fish
 
 demo:
+	@CARGO="$(CARGO)" scripts/need-cargo demo
 	@scripts/install-deps demo
 	@scripts/host-setup
 	$(CARGO) build --workspace --bins
 	@scripts/demo
 
+# Takes back what `make demo` made: its agent terminal, its work directory, the server it
+# started (and its mount), its temporary storage, and the objects it added to a storage.
+demo-clean:
+	@scripts/demo-clean
+
 test:
+	@CARGO="$(CARGO)" scripts/need-cargo test
 	@scripts/install-deps test
 	@scripts/host-setup
 	@CARGO="$(CARGO)" scripts/install-test-tools

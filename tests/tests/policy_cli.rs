@@ -456,3 +456,85 @@ fn make_install_puts_man_pages_and_completions_under_the_prefix() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// Every `ctx` command line in the README's and the docs' shell blocks parses as written: its
+/// subcommands, flags and values are ctx's (run with `--help` before any `--`, which stops
+/// before doing anything). A block that names a flag or command ctx no longer has fails here.
+#[test]
+fn every_ctx_command_line_in_the_readme_and_docs_parses() {
+    const EXTRACT: &str = r##"
+import json, re, shlex, sys
+out = []
+for path in sys.argv[1:]:
+    block = False
+    pending = ""
+    for n, line in enumerate(open(path, encoding="utf-8"), 1):
+        if line.strip().startswith("```"):
+            block = line.strip() in ("```sh", "```bash", "```console") if not block else False
+            continue
+        if not block:
+            continue
+        line = pending + line.rstrip("\n")
+        if line.endswith("\\"):
+            pending = line[:-1] + " "
+            continue
+        pending = ""
+        text = line.strip()
+        if text.startswith("$ "):
+            text = text[2:]
+        for part in re.split(r"\|\||&&|;", text):
+            part = part.strip()
+            if not part.startswith("ctx "):
+                continue
+            lex = shlex.shlex(part, posix=True, punctuation_chars="|&<>")
+            lex.whitespace_split = True
+            lex.commenters = "#"
+            words = []
+            try:
+                for w in lex:
+                    if w and set(w) <= set("|&<>"):
+                        break
+                    words.append(w)
+            except ValueError:
+                continue
+            out.append({"file": path, "line": n, "argv": words[1:]})
+print(json.dumps(out))
+"##;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let mut files = vec![root.join("README.md")];
+    for dir in ["docs", "docs/spec"] {
+        for e in fs::read_dir(root.join(dir)).unwrap().flatten() {
+            if e.path().extension().is_some_and(|x| x == "md") {
+                files.push(e.path());
+            }
+        }
+    }
+    let o = Command::new("python3").args(["-c", EXTRACT]).args(&files).output().unwrap();
+    assert!(o.status.success(), "{}", tests::shown(&o));
+    let lines: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(lines.len() > 40, "the README and docs show ctx: {}", lines.len());
+    let mut bad = Vec::new();
+    for l in &lines {
+        let argv: Vec<String> =
+            l["argv"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_owned()).collect();
+        // `ctx tool NAME ARGS...` hands everything after it to the tool.
+        let cut = if argv.first().is_some_and(|a| a == "tool") {
+            1
+        } else {
+            argv.iter().position(|a| a == "--").unwrap_or(argv.len())
+        };
+        let mut args: Vec<&str> = argv[..cut].iter().map(String::as_str).collect();
+        args.push("--help");
+        let out = run("ctx", &args);
+        if out.status.code() != Some(0) {
+            bad.push(format!(
+                "{}:{}: ctx {}: {}",
+                l["file"],
+                l["line"],
+                argv.join(" "),
+                text(&out.stderr).trim()
+            ));
+        }
+    }
+    assert!(bad.is_empty(), "{} lines do not parse:\n{}", bad.len(), bad.join("\n"));
+}
