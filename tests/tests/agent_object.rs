@@ -490,3 +490,128 @@ fn an_unknown_agent_is_one_error_and_one_code_in_every_command() {
     let out = run("ctx", &["agent", "history", "nosuch", "--ctx", "/nonexistent"]);
     assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
 }
+
+/// Any argument, to any subcommand: `ctx agent new $'\xff'` panicked with exit 70. Every
+/// subcommand (found from `--help`, recursively) is given a non-UTF-8 argument and answers
+/// with a stable exit code and no panic. `mount` (a daemon) is left out: its mount point
+/// may be any bytes.
+#[test]
+fn every_subcommand_given_a_non_utf8_argument_answers_without_a_panic() {
+    use std::os::unix::ffi::OsStrExt;
+    let scratch = tempfile::tempdir().unwrap();
+    let help = |path: &[String]| {
+        let o = Command::new(tests::bin("ctx")).args(path).arg("--help").output().unwrap();
+        text(&o.stdout)
+    };
+    let mut todo = vec![Vec::<String>::new()];
+    let mut leaves = Vec::new();
+    while let Some(path) = todo.pop() {
+        let h = help(&path);
+        let subs: Vec<String> = h
+            .split("Commands:\n")
+            .nth(1)
+            .map(|c| {
+                c.lines()
+                    .take_while(|l| !l.trim().is_empty())
+                    .filter_map(|l| l.split_whitespace().next())
+                    .filter(|n| *n != "help")
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        if subs.is_empty() {
+            leaves.push(path);
+        } else {
+            for s in subs {
+                let mut p = path.clone();
+                p.push(s);
+                todo.push(p);
+            }
+        }
+    }
+    assert!(leaves.len() > 50, "every subcommand: {}", leaves.len());
+    let bad = std::ffi::OsStr::from_bytes(b"\xff\xfe");
+    for path in leaves.iter().filter(|p| p.first().is_none_or(|c| c != "mount")) {
+        let mut child = Command::new(tests::bin("ctx"))
+            .args(path)
+            .arg(bad)
+            .current_dir(scratch.path())
+            .env("CTX_SECRETS", scratch.path().join("secrets"))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if t.elapsed() > std::time::Duration::from_secs(20) {
+                let _ = child.kill();
+                panic!("ctx {path:?} with a non-UTF-8 argument did not end");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        let code = out.status.code();
+        assert!(matches!(code, Some(0 | 1 | 2 | 13 | 69)), "ctx {path:?}: {code:?}: {}", text(&out.stderr));
+        assert!(!text(&out.stderr).contains("panicked"), "ctx {path:?}: {}", text(&out.stderr));
+    }
+}
+
+/// `ctx queue ls` of a typo made a queue there; a command that only reads makes nothing: each
+/// is run against an empty storage, mount point, secret store and queue directory, which stay
+/// empty.
+#[test]
+fn commands_that_read_create_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let (s, m, q) = (d.path().join("storage"), d.path().join("ctx"), d.path().join("q"));
+    for dir in [&s, &m, &q] {
+        fs::create_dir_all(dir).unwrap();
+    }
+    let policy = d.path().join("p.policy");
+    fs::write(&policy, "allow a_t tool:x execute\n").unwrap();
+    let (st, mt, qt, pt) =
+        (s.to_str().unwrap(), m.to_str().unwrap(), q.to_str().unwrap(), policy.to_str().unwrap());
+    let reads: &[&[&str]] = &[
+        &["agent", "ls", "--source", st],
+        &["agent", "ls", "--json", "--source", st],
+        &["agent", "inspect", "x", "--source", st],
+        &["agent", "history", "x", "--ctx", mt],
+        &["agent", "output", "x", "--ctx", mt],
+        &["agent", "children", "x", "--ctx", mt],
+        &["model", "ls", "--source", st],
+        &["model", "inspect", "local/x", "--source", st],
+        &["secret", "ls"],
+        &["install", "--list", "--source", st],
+        &["object", "inspect", "tool/x", "--source", st],
+        &["shared", "ls", "--source", st],
+        &["queue", "ls", qt],
+        &["policy", "check", pt],
+        &["status", "--ctx", mt],
+        &["path", "tool", "x", "--ctx", mt],
+        &["man", "policy", "--ctx", mt],
+    ];
+    let listing = |root: &Path| -> Vec<String> {
+        let mut v = Vec::new();
+        let mut todo = vec![root.to_path_buf()];
+        while let Some(p) = todo.pop() {
+            for e in fs::read_dir(&p).into_iter().flatten().flatten() {
+                v.push(e.path().display().to_string());
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    todo.push(e.path());
+                }
+            }
+        }
+        v.sort();
+        v
+    };
+    let before = listing(d.path());
+    for args in reads {
+        let out = Command::new(tests::bin("ctx"))
+            .args(*args)
+            .env("CTX_SECRETS", d.path().join("secrets"))
+            .output()
+            .unwrap();
+        assert!(!text(&out.stderr).contains("panicked"), "{args:?}");
+        assert_eq!(listing(d.path()), before, "ctx {args:?} made something: {}", text(&out.stderr));
+    }
+}
