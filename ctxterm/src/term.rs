@@ -394,6 +394,8 @@ pub const TURN_REQUEST_MAX: usize = 64 * 1024;
 const TURN_ARGS_MAX: usize = 256;
 /// Most turns running at once beside one terminal.
 pub const TURNS_MAX: usize = 4;
+/// How long a cancelled turn's command has between SIGTERM and SIGKILL.
+const TURN_GRACE: Duration = Duration::from_secs(5);
 /// Turns running now.
 static TURNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
@@ -485,8 +487,16 @@ fn run_turn(stream: &mut UnixStream, env: &Env) -> io::Result<i32> {
             fds.extend(r);
         }
     }
-    let line = buf[..got.bytes].strip_suffix(b"\n").ok_or_else(|| {
-        io::Error::new(io::ErrorKind::InvalidInput, "a turn's request is one line, sent whole")
+    // A long request may come in more than one piece: the rest follows without descriptors.
+    let mut n = got.bytes;
+    while n > 0 && buf[n - 1] != b'\n' && n < buf.len() {
+        match stream.read(&mut buf[n..])? {
+            0 => break,
+            more => n += more,
+        }
+    }
+    let line = buf[..n].strip_suffix(b"\n").ok_or_else(|| {
+        io::Error::new(io::ErrorKind::InvalidInput, "a turn's request is one line of at most 64 KiB")
     })?;
     let req = parse_turn(line)?;
     let [stdin, stdout, stderr]: [OwnedFd; 3] = fds
@@ -513,8 +523,20 @@ fn run_turn(stream: &mut UnixStream, env: &Env) -> io::Result<i32> {
         std::thread::Builder::new().name("turn".into()).spawn(move || {
             let mut sink = [0u8; 64];
             while matches!(watch.read(&mut sink), Ok(n) if n > 0) {}
-            if !*ended.lock().unwrap_or_else(|e| e.into_inner()) {
-                let _ = rustix::process::kill_process_group(pid, Signal::TERM);
+            // SIGTERM, then SIGKILL after the grace period to what did not end.
+            for signal in [Signal::TERM, Signal::KILL] {
+                {
+                    // Signalled under the lock: the leader is not reaped meanwhile.
+                    let e = ended.lock().unwrap_or_else(|e| e.into_inner());
+                    if *e {
+                        return;
+                    }
+                    let _ = rustix::process::kill_process_group(pid, signal);
+                }
+                let t = std::time::Instant::now();
+                while t.elapsed() < TURN_GRACE && !*ended.lock().unwrap_or_else(|e| e.into_inner()) {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
             }
         })?;
     }

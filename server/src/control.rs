@@ -121,7 +121,10 @@ impl Views {
         // A view carries an agent's authority: there must be an agent to carry.
         // root's: the storage's objects
         if !self.base.storage.join("agent").join(agent).is_file() {
-            return Err(format!("no agent {agent} in {}", self.base.storage.display()));
+            return Err(format!(
+                "no agent {agent} in {} (ctx agent ls lists them)",
+                self.base.storage.display()
+            ));
         }
         let path = match path {
             Some(p) => {

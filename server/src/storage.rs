@@ -18,6 +18,8 @@ use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, Stat};
 pub struct Storage {
     path: PathBuf,
     root: OwnedFd,
+    /// The device the storage's root is on.
+    dev: u64,
 }
 
 /// The root layout every storage has.
@@ -36,7 +38,13 @@ impl Storage {
         }
         let root =
             rustix::fs::open(path, OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
-        Ok(Storage { path: path.to_path_buf(), root })
+        let dev = rustix::fs::fstat(&root)?.st_dev;
+        Ok(Storage { path: path.to_path_buf(), root, dev })
+    }
+
+    /// The device the storage's root is on.
+    pub fn dev(&self) -> u64 {
+        self.dev
     }
 
     /// The storage directory.

@@ -691,3 +691,87 @@ fn a_turn_to_an_agent_with_no_profile_names_the_control_and_records_nothing() {
     assert!(err.contains("agent/reviewer.d/profile is empty") && err.contains("echo codex >"), "{err}");
     assert!(records(&h, 1091, "reviewer", "default").is_empty());
 }
+
+/// A turn joined to a running terminal is cancelled alone: the cancel ends the turn's command
+/// and the terminal runs on (a cancel that came while the turn was being joined used to stop
+/// the whole run). A headless run, and a caller whose workspace it is not, are told why.
+#[test]
+fn cancelling_a_joined_turn_ends_the_turn_and_never_the_terminal() {
+    let ep = Endpoint::start("true", "x");
+    let h = host(&ep);
+    let (mnt, control) = (h.s.mnt.display().to_string(), h.s.control.display().to_string());
+    let work = h.work.display().to_string();
+    Client::to(&h, "sockrt");
+    let start = [
+        "agent",
+        "start",
+        "sockrt",
+        "--session",
+        "jn",
+        "--mount",
+        &work,
+        "/workspace",
+        "rw",
+        "--ctx",
+        &mnt,
+        "--control",
+        &control,
+    ];
+    ok(ctx(&start, &[], ""), "agent start");
+    let mut c = Client::to(&h, "sockrt");
+    c.send(json!({"op": "send", "id": "j1", "session": "jn", "input": "wait for it"}));
+    let f = c.until(|f| f["type"] == "delta" && f["text"].as_str().unwrap_or("").contains("waiting"));
+    assert!(f.iter().any(|f| f["type"] == "start" && f["joined"] == true), "{f:?}");
+    let mut other = Client::to(&h, "sockrt");
+    other.send(json!({"op": "cancel", "id": "j1"}));
+    let f = other.until(done("j1"));
+    assert_eq!(f.last().unwrap()["status"], "cancelled", "{f:?}");
+    let o = ctx(&["agent", "ps", "--json", "--control", &control], &[], "");
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("\"session\":\"jn\""),
+        "the terminal runs on: {}",
+        tests::shown(&o)
+    );
+    // The next turn joins it again and is answered.
+    c.send(json!({"op": "send", "id": "j2", "session": "jn", "input": "hello"}));
+    let f = c.until(done("j2"));
+    assert!(f.iter().any(|f| f["type"] == "message" && f["content"] == "ANSWER: hello"), "{f:?}");
+    let r = records(&h, 1001, "sockrt", "jn");
+    assert_eq!((count(&r, "j1", "assistant"), count(&r, "j2", "assistant")), (1, 1), "{r:?}");
+    ok(ctx(&["agent", "stop", "sockrt", "--session", "jn", "--control", &control], &[], ""), "stop");
+    // A run started headless has no terminal to take a turn: refused before anything is
+    // recorded, saying why.
+    let mut run = Command::new(tests::bin("ctx"))
+        .args([
+            "agent",
+            "start",
+            "sockrt",
+            "--session",
+            "hl",
+            "--headless",
+            "--cwd",
+            &work,
+            "--ctx",
+            &mnt,
+            "--control",
+            &control,
+            "--",
+            "/bin/sleep",
+            "30",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !h.s.run_dir("sockrt", "hl").join("pid").exists() {
+        assert!(t.elapsed() < Duration::from_secs(20), "the headless run started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.send(json!({"op": "send", "id": "h1", "session": "hl", "input": "hello"}));
+    let e = c.until(|f| f["type"] == "error");
+    let e = e.last().unwrap();
+    assert!(e["code"] == "EBUSY" && e["message"].as_str().unwrap().contains("headless"), "{e}");
+    assert!(records(&h, 1001, "sockrt", "hl").is_empty());
+    let _ = ctx(&["agent", "stop", "sockrt", "--session", "hl", "--control", &control], &[], "");
+    let _ = run.wait();
+}

@@ -583,3 +583,84 @@ fn sixteen_thousand_links_go_and_renames_move_what_the_kernel_knows() {
     assert_eq!(fs::read_to_string(r.join("k2")).unwrap(), "1\n");
     assert!(!r.join("k1").exists());
 }
+
+/// `readdir` gave `d_ino` 2^64-1 for every entry (so `os.scandir(...).inode()` never equalled
+/// `st_ino`) and typed FIFOs and devices as regular files (`find -type p` found nothing, and a
+/// walker trusting `d_type` opened a FIFO and blocked). Each entry's `d_ino` is its `st_ino`,
+/// its type the backing file's.
+#[test]
+fn readdir_gives_each_entry_its_st_ino_and_its_true_type() {
+    let s = Served::start();
+    let d = s.data_dir("home/0", 0o755, 0);
+    let script = r#"
+import os, stat, sys
+d = sys.argv[1]
+open(os.path.join(d, "file"), "w").close()
+os.mkdir(os.path.join(d, "dir"))
+os.mkfifo(os.path.join(d, "fifo"))
+os.symlink("file", os.path.join(d, "link"))
+os.mknod(os.path.join(d, "null"), 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+for e in sorted(os.scandir(d), key=lambda e: e.name):
+    st = os.lstat(e.path)
+    kind = stat.S_IFMT(st.st_mode)
+    typed = {"file": e.is_file(follow_symlinks=False), "dir": e.is_dir(follow_symlinks=False),
+             "link": e.is_symlink()}
+    print(e.name, e.inode() == st.st_ino, kind == stat.S_IFIFO, kind == stat.S_IFCHR,
+          typed["file"], typed["dir"], typed["link"])
+"#;
+    let o = Command::new("python3").args(["-c", script]).arg(&d).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let got = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(
+        got,
+        "dir True False False False True False\n\
+         fifo True True False False False False\n\
+         file True False False True False False\n\
+         link True False False False False True\n\
+         null True False True False False False\n",
+        "name, d_ino == st_ino, FIFO, char device, then what d_type says: file, dir, link"
+    );
+    let o = Command::new("find").arg(&d).args(["-type", "p"]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), d.join("fifo").to_str().unwrap());
+    // The root's entries and CortexFS's own agree too.
+    let o = Command::new("python3")
+        .args(["-c", "import os,sys\nfor e in os.scandir(sys.argv[1]): print(e.name, e.inode() == os.lstat(e.path).st_ino)"])
+        .arg(&s.mnt)
+        .output()
+        .unwrap();
+    let root = String::from_utf8_lossy(&o.stdout);
+    assert!(root.lines().count() == 7 && root.lines().all(|l| l.ends_with(" True")), "{root}");
+}
+
+/// `fstat`/`fchmod` of an open directory after `rmdir`, of an unlinked FIFO, and `stat(".")`
+/// in a removed working directory answered ENOENT; ext4 answers with the object (`st_nlink`
+/// 0 for the directory). Every open object keeps its attributes after its last name is gone.
+#[test]
+fn open_objects_keep_their_attributes_after_their_last_name_goes() {
+    let s = Served::start();
+    let d = s.data_dir("home/0", 0o755, 0);
+    let script = r#"
+import os, sys
+d = sys.argv[1]
+gone = os.path.join(d, "gone")
+os.mkdir(gone)
+fd = os.open(gone, os.O_RDONLY | os.O_DIRECTORY)
+os.rmdir(gone)
+st = os.fstat(fd)
+os.fchmod(fd, 0o700)
+print("dir", st.st_nlink, oct(os.fstat(fd).st_mode & 0o7777))
+fifo = os.path.join(d, "fifo")
+os.mkfifo(fifo)
+ff = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+os.unlink(fifo)
+print("fifo", os.fstat(ff).st_nlink)
+cwd = os.path.join(d, "cwd")
+os.mkdir(cwd)
+os.chdir(cwd)
+os.rmdir(cwd)
+print("cwd", os.stat(".").st_nlink)
+"#;
+    let o = Command::new("python3").args(["-c", script]).arg(&d).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "dir 0 0o700\nfifo 0\ncwd 0\n");
+}

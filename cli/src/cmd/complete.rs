@@ -73,12 +73,12 @@ pub fn agents(current: &OsStr) -> Vec<CompletionCandidate> {
 pub fn sessions(current: &OsStr) -> Vec<CompletionCandidate> {
     let home = ctx().join("home");
     let mut v: Vec<String> = Vec::new();
-    for uid in names(&home, OsStr::new(""), |_| true) {
+    'homes: for uid in names(&home, OsStr::new(""), |_| true) {
         for agent in names(&home.join(&uid).join("agent"), OsStr::new(""), |_| true) {
             let dir = home.join(&uid).join("agent").join(agent).join("session");
             v.extend(names(&dir, current, |n| !n.starts_with('.')));
             if v.len() >= NAMES_MAX {
-                break;
+                break 'homes;
             }
         }
     }

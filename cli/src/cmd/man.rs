@@ -72,10 +72,9 @@ fn paged(text: &str) -> bool {
     use std::io::Write;
     let pager =
         std::env::var("PAGER").ok().filter(|p| !p.trim().is_empty()).unwrap_or_else(|| "less -FRX".into());
-    let mut words = pager.split_whitespace();
-    let Some(program) = words.next() else { return false };
+    // As a shell command, as git and man run it (quoting in $PAGER works).
     let Ok(mut child) =
-        std::process::Command::new(program).args(words).stdin(std::process::Stdio::piped()).spawn()
+        std::process::Command::new("sh").args(["-c", &pager]).stdin(std::process::Stdio::piped()).spawn()
     else {
         return false;
     };

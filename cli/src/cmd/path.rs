@@ -77,6 +77,7 @@ pub fn run(kind: Kind) -> anyhow::Result<()> {
         Kind::Session { name, session, at } => {
             named("agent", &name)?;
             named("session", &session)?;
+            exit::agent_at(&at.ctx, &name)?;
             let uid = ctxterm::launch::contract::read_control(&at.ctx, &name, "uid").map_err(exit::launch)?;
             let uid: u32 = uid.trim().parse().map_err(|_| {
                 Exit::new(exit::INVALID, format!("agent/{name}.d/uid: {:?} is not a number", uid.trim()))

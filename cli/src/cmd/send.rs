@@ -27,6 +27,10 @@ pub struct Args {
     /// The session.
     #[arg(long, default_value = "default", add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::sessions))]
     session: String,
+    /// The session is the agent's in shared space SPACE (`shared/SPACE/agent/NAME/session/S/`,
+    /// as `ctx agent start --shared`).
+    #[arg(long, value_name = "SPACE")]
+    shared: Option<String>,
     /// The run's id (default: a new one); sending an id again follows that run.
     #[arg(long)]
     id: Option<String>,
@@ -95,6 +99,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         None => None,
     };
     let mut req = json!({"op": "send", "id": id, "session": a.session, "input": a.text, "files": a.files});
+    if let Some(space) = &a.shared {
+        req["scope"] = json!("shared");
+        req["space"] = json!(space);
+    }
     match cwd {
         Some(c) => req["cwd"] = json!(c),
         // Without --cwd: the workspace of the run the turn joins, else this directory.

@@ -516,6 +516,7 @@ fn grant_files(
     label: &str,
     object: &str,
     perm: &str,
+    granting: bool,
 ) -> Result<(String, policy::v0::Rule, Vec<PathBuf>)> {
     let line = format!("allow {label} {object} {perm}");
     let rules = policy::v0::parse(line.as_bytes()).map_err(|errs| {
@@ -526,10 +527,14 @@ fn grant_files(
     let mut files = Vec::new();
     if rule.class == policy::v0::Class::Tool {
         let tool = storage.join("tool").join(&*rule.object);
-        if std::fs::symlink_metadata(&tool).is_err() {
+        let installed = std::fs::symlink_metadata(&tool).is_ok();
+        // A grant needs the tool; a revoke takes the agent's line back whether it is there.
+        if granting && !installed {
             return Err(Error::State(format!("no tool/{} in {}", rule.object, storage.display())));
         }
-        files.push(storage.join("tool").join(format!("{}.d/policy", rule.object)));
+        if installed {
+            files.push(storage.join("tool").join(format!("{}.d/policy", rule.object)));
+        }
     }
     files.push(agent_dir(storage).join(format!("{name}.d/policy")));
     Ok((line, rule, files))
@@ -577,7 +582,7 @@ fn write_control(f: &Path, bytes: &[u8]) -> Result<()> {
 /// (which a run takes when it starts). Returns what was done, a line each.
 pub fn grant(storage: &Path, name: &str, object: &str, perm: &str) -> Result<Vec<String>> {
     let label = agent_label(storage, name)?;
-    let (line, rule, files) = grant_files(storage, name, &label, object, perm)?;
+    let (line, rule, files) = grant_files(storage, name, &label, object, perm, true)?;
     // A space not made yet is granted ahead; its group cannot be known until it is.
     let (group, ahead) = match rule.class {
         policy::v0::Class::Shared => match space_group(storage, &rule.object) {
@@ -631,7 +636,7 @@ pub fn grant(storage: &Path, name: &str, object: &str, perm: &str) -> Result<Vec
 /// its policy grants a space of that group. A line not there is said, and is not an error.
 pub fn revoke(storage: &Path, name: &str, object: &str, perm: &str) -> Result<Vec<String>> {
     let label = agent_label(storage, name)?;
-    let (line, rule, files) = grant_files(storage, name, &label, object, perm)?;
+    let (line, rule, files) = grant_files(storage, name, &label, object, perm, false)?;
     let mut said = Vec::new();
     // The agent's side first, so that a failure part way leaves less granted, never more.
     for f in files.iter().rev() {

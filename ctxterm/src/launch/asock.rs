@@ -86,8 +86,11 @@ struct TurnState {
     done: bool,
     cancelled: bool,
     child: Option<u32>,
-    /// The connection to a running terminal's `ctxterm` when the turn joined that run:
-    /// cancelling closes it, which ends the turn's command and nothing else of the run.
+    /// Whether the turn joined a running terminal's run: then a cancel ends the turn's
+    /// command alone, never the run (set before the turn starts, kept to its end).
+    in_run: bool,
+    /// The connection to that terminal's `ctxterm`, once made: cancelling closes it, which
+    /// ends the turn's command.
     joined: Option<UnixStream>,
 }
 
@@ -103,6 +106,7 @@ impl Turn {
                 done: false,
                 cancelled: false,
                 child: None,
+                in_run: false,
                 joined: None,
             }),
             changed: Condvar::new(),
@@ -510,10 +514,16 @@ impl Server {
                     }
                     !s.done
                 };
-                let joined = t.state.lock().unwrap_or_else(|e| e.into_inner()).joined.take();
-                if let Some(j) = joined {
-                    // A turn in a terminal's run: its command ends, the terminal runs on.
-                    let _ = j.shutdown(std::net::Shutdown::Both);
+                let (in_run, joined) = {
+                    let s = t.state.lock().unwrap_or_else(|e| e.into_inner());
+                    (s.in_run, s.joined.as_ref().and_then(|j| j.try_clone().ok()))
+                };
+                if in_run {
+                    // A turn in a terminal's run: its command ends (now, or as soon as it is
+                    // asked for: the flag is read there), the terminal runs on.
+                    if let Some(j) = joined {
+                        let _ = j.shutdown(std::net::Shutdown::Both);
+                    }
                 } else if running {
                     let _ = super::stop(&self.control, &t.agent, &t.session);
                     if let Some(pid) = t.state.lock().unwrap_or_else(|e| e.into_inner()).child
@@ -705,6 +715,33 @@ impl Server {
         Ok(t)
     }
 
+    /// Until the turn `t`'s `ctx agent start` has ended: once it is cancelled, stops its run
+    /// (SIGTERM to the supervisor, its grace, SIGKILL) as soon as the run is up, and the
+    /// launcher's group. One thread per running turn (turns are bounded per agent).
+    fn cancel_when_up(&self, t: &Arc<Turn>, agent: &str, session: &str) {
+        let (t, control, agent, session) =
+            (Arc::clone(t), self.control.clone(), agent.to_owned(), session.to_owned());
+        let _ = std::thread::Builder::new().name(format!("cancel-{agent}")).spawn(move || {
+            loop {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                let (cancelled, child) = {
+                    let st = t.state.lock().unwrap_or_else(|e| e.into_inner());
+                    (st.cancelled, st.child)
+                };
+                let Some(pid) = child else { return };
+                if cancelled {
+                    let stopped = super::stop(&control, &agent, &session).is_ok();
+                    if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+                        let _ = rustix::process::kill_process_group(p, rustix::process::Signal::TERM);
+                    }
+                    if stopped {
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
     /// Keeps the finished run `t` (named `name`) among the finished ones; forgets the oldest
     /// past [`FINISHED_KEPT`] runs or [`FINISHED_BYTES`] bytes, unless a newer run of the same
     /// name took its place. Their records answer for them (a send of their id replays the
@@ -740,7 +777,7 @@ impl Server {
         // A run of the session going on (a terminal started with `ctx agent start`): the turn
         // joins it, or is refused saying why, before anything is recorded.
         let joined = match super::rundir::supervisor(&run_dir) {
-            Some(pid) => match joinable(&run_dir, pid, s, &profile) {
+            Some(pid) => match joinable(&run_dir, pid, s, &profile, caller) {
                 Ok(j) => Some(j),
                 Err(r) => return fail(r.code, r.message),
             },
@@ -781,6 +818,7 @@ impl Server {
         let mut start = json!({"type": "start", "id": s.id, "session": s.session});
         if joined.is_some() {
             start["joined"] = json!(true);
+            t.state.lock().unwrap_or_else(|e| e.into_inner()).in_run = true;
         }
         t.push(start);
         // The agent's template, as it is now: an agent.update of it shows in the next turn.
@@ -818,7 +856,10 @@ impl Server {
                     },
                     // The caller's own directory, as `ctx agent start` takes it: when it is
                     // not the caller's to give, the run has no workspace.
-                    (None, Some(h)) => self.pin(h, caller).ok().map(Pin),
+                    // The root directory is never taken as a workspace by default (a caller
+                    // started from `/`, as services are).
+                    (None, Some(h)) if h != "/" => self.pin(h, caller).ok().map(Pin),
+                    (None, Some(_)) => None,
                     (None, None) => None,
                 };
                 match &pin {
@@ -848,6 +889,9 @@ impl Server {
                         let _ = rustix::process::kill_process_group(p, rustix::process::Signal::TERM);
                     }
                 }
+                // A cancel that comes while the run is still being set up (its supervisor not
+                // there yet to be stopped) is carried out once it is.
+                self.cancel_when_up(t, agent, &s.session);
                 let file = |f: Option<std::os::fd::OwnedFd>| f.map(std::fs::File::from);
                 let (i, o, e) = (
                     file(child.stdin.take().map(Into::into)),
@@ -890,9 +934,13 @@ impl Server {
                 t.push(json!({"type": "delta", "id": s.id, "text": c}));
             });
         }
-        let status = runner.wait();
+        let (status, why) = runner.wait();
+        if let Some(why) = why {
+            t.push(json!({"type": "error", "id": s.id, "code": "EAGAIN", "message": why}));
+        }
         {
-            // Its pid may be another process's from now on.
+            // Its pid may be another process's from now on; the connection is closed (a finished
+            // turn is kept for its followers, its descriptors not).
             let mut st = t.state.lock().unwrap_or_else(|e| e.into_inner());
             st.child = None;
             st.joined = None;
@@ -1028,21 +1076,20 @@ enum Runner {
 }
 
 impl Runner {
-    /// Waits for the command's end: its exit code (70 when that cannot be known).
-    fn wait(&mut self) -> i32 {
+    /// Waits for the command's end: its exit code (70 when that cannot be known), and why
+    /// it could not run when the terminal's `ctxterm` said so.
+    fn wait(&mut self) -> (i32, Option<String>) {
         match self {
-            Runner::Spawned(child, _) => child.wait().map(super::supervise::code_of).unwrap_or(70),
+            Runner::Spawned(child, _) => (child.wait().map(super::supervise::code_of).unwrap_or(70), None),
             Runner::Joined(stream) => {
                 // `exit N`, or `ctxterm: WHY` when the command could not run.
                 let mut line = String::new();
                 let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(10)));
-                let _ = BufReader::new(&*stream).take(256).read_line(&mut line);
+                let _ = BufReader::new(&*stream).take(1024).read_line(&mut line);
                 match line.trim().strip_prefix("exit ").and_then(|n| n.parse().ok()) {
-                    Some(n) => n,
-                    None => {
-                        tracing::warn!(said = line.trim(), "a joined turn ended without its status");
-                        70
-                    }
+                    Some(n) => (n, None),
+                    None if line.trim().is_empty() => (70, Some("the terminal ended during the turn".into())),
+                    None => (70, Some(line.trim().to_owned())),
                 }
             }
         }
@@ -1061,7 +1108,7 @@ struct Joinable {
 /// `run` (its supervisor `pid`): the same scope, the same workspace (a `cwd` the turn gives
 /// must be the run's), and a run of the profile's CLI (for a hosted CLI). A refusal says why
 /// and what to do instead.
-fn joinable(run: &Path, pid: i32, s: &asock::Send, profile: &str) -> Result<Joinable, Refusal> {
+fn joinable(run: &Path, pid: i32, s: &asock::Send, profile: &str, caller: u32) -> Result<Joinable, Refusal> {
     let busy = |why: String| Refusal {
         code: "EBUSY",
         message: format!(
@@ -1072,7 +1119,35 @@ fn joinable(run: &Path, pid: i32, s: &asock::Send, profile: &str) -> Result<Join
     };
     let c = super::rundir::read_contract(&run.join("contract.json")).map_err(|e| busy(e.to_string()))?;
     if c.space != s.space {
-        return Err(busy("it is in another place (a shared space or not)".into()));
+        return Err(busy(match &c.space {
+            Some(sp) => format!("it is in shared space {sp} (ctx send --shared {sp})"),
+            None => "it is the agent's own session, not a shared space's".into(),
+        }));
+    }
+    if let Some(other) = &c.session_of {
+        return Err(busy(format!("it runs on agent {other}'s session (--resume)")));
+    }
+    // A run started headless has no terminal to take a turn beside it.
+    let terminal = crate::beneath::Tree::open(run).and_then(|t| t.stat("term/main.sock"));
+    if !terminal
+        .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Socket)
+    {
+        return Err(busy("it runs headless, with no terminal to take the turn".into()));
+    }
+    // Its workspace is the operator's grant to that run: a caller other than root joins it
+    // only when it is the caller's own to give, as a --cwd is.
+    if caller != 0
+        && let Some(w) = &c.workspace
+        && !crate::beneath::Tree::open(w).and_then(|t| t.stat("")).is_ok_and(|st| st.st_uid == caller)
+    {
+        return Err(Refusal {
+            code: "EACCES",
+            message: format!(
+                "session {} runs with workspace {}, which is not the caller's (uid {caller}) to give",
+                s.session,
+                w.display()
+            ),
+        });
     }
     if let Some(cwd) = &s.cwd {
         let same = c.workspace.as_ref().is_some_and(|w| {

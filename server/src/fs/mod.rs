@@ -389,9 +389,23 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn attr_of(st: &rustix::fs::Stat, ino: u64) -> stat64 {
+/// The `st_ino` shown for a backed file: its backing inode number, mixed with its device's
+/// number when it is on another filesystem than the storage's (a shared space on its own
+/// mount), so that `d_ino` in a listing and `st_ino` agree without an inode being remembered
+/// for every entry listed. Below 2^63: the numbers of CortexFS's own entries are above.
+pub(crate) fn shown_ino(dev: u64, ino: u64, storage_dev: u64) -> u64 {
+    let mixed = if dev == storage_dev { ino } else { ino ^ dev.rotate_left(40) };
+    mixed & !VIRTUAL_INO
+}
+
+/// The `st_ino` of CortexFS's own entries (the root, `status`, `bin/`): `VIRTUAL_INO | ino`.
+pub(crate) const VIRTUAL_INO: u64 = 1 << 63;
+
+/// The attributes of a backed file whose `lstat` is `st`, on a storage on device
+/// `storage_dev` (see [`shown_ino`]).
+fn attr_of(st: &rustix::fs::Stat, storage_dev: u64) -> stat64 {
     Attr {
-        ino,
+        ino: shown_ino(st.st_dev, st.st_ino, storage_dev),
         size: st.st_size as u64,
         blocks: st.st_blocks as u64,
         atime: st.st_atime as u64,
@@ -414,7 +428,7 @@ fn attr_of(st: &rustix::fs::Stat, ino: u64) -> stat64 {
 fn synthetic(ino: u64, mode: u32, size: u64) -> stat64 {
     let now = started_secs();
     Attr {
-        ino,
+        ino: VIRTUAL_INO | ino,
         size,
         atime: now,
         mtime: now,
@@ -1016,6 +1030,13 @@ impl CtxFs {
             })
     }
 
+    /// The kept descriptor of inode `ino`, of any access (`O_PATH` included): what reaches an
+    /// object whose last name is gone, for its attributes.
+    fn kept(&self, ino: u64) -> Option<File> {
+        let (f, _) = lock(&self.inodes).cached_fd(ino)?;
+        f.try_clone().ok()
+    }
+
     /// With zero-message open: the backing file of data inode `ino` for a request without a
     /// handle, writable when `write`; opened (and kept, within the bound) on first use.
     fn inode_file(&self, ino: u64, write: bool) -> io::Result<Arc<File>> {
@@ -1203,14 +1224,17 @@ impl CtxFs {
             return;
         }
         let Some(ino) = lock(&self.inodes).by_path.get(rel).copied() else { return };
-        if !self.storage.stat(rel).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG) {
-            return;
-        }
-        let opened = self
-            .storage
-            .open_rel(rel, OFlags::RDWR, 0)
-            .map(|fd| (fd, Access::Write))
-            .or_else(|_| self.storage.open_rel(rel, OFlags::RDONLY, 0).map(|fd| (fd, Access::Read)));
+        let Ok(st) = self.storage.stat(rel) else { return };
+        // A regular file for reading and writing through it; anything else (a directory, a
+        // FIFO, a socket, a device, a symlink) for its attributes, as the kernel keeps it.
+        let opened = if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+            self.storage
+                .open_rel(rel, OFlags::RDWR, 0)
+                .map(|fd| (fd, Access::Write))
+                .or_else(|_| self.storage.open_rel(rel, OFlags::RDONLY, 0).map(|fd| (fd, Access::Read)))
+        } else {
+            self.storage.open_rel(rel, OFlags::PATH | OFlags::NOFOLLOW, 0).map(|fd| (fd, Access::Path))
+        };
         if let Ok((fd, access)) = opened {
             lock(&self.inodes).keep_fd(ino, &Arc::new(File::from(fd)), access, true);
         }
@@ -1240,16 +1264,16 @@ impl CtxFs {
     }
 
     /// Attributes of a storage path as the projection shows them.
-    fn backed_attr(&self, rel: &Path, ino: u64) -> io::Result<(stat64, Area)> {
+    fn backed_attr(&self, rel: &Path) -> io::Result<(stat64, Area)> {
         classify(rel).ok_or_else(|| err(libc::ENOENT))?;
         let st = self.storage.stat(rel)?;
-        self.shown_attr(rel, &st, ino)
+        self.shown_attr(rel, &st)
     }
 
     /// Attributes of the storage path `rel`, whose `lstat` is `st`, as the projection shows them.
-    fn shown_attr(&self, rel: &Path, st: &rustix::fs::Stat, ino: u64) -> io::Result<(stat64, Area)> {
+    fn shown_attr(&self, rel: &Path, st: &rustix::fs::Stat) -> io::Result<(stat64, Area)> {
         let area = classify(rel).ok_or_else(|| err(libc::ENOENT))?;
-        let mut attr = attr_of(st, ino);
+        let mut attr = attr_of(st, self.storage.dev());
         match area {
             Area::Object | Area::Control(Owner::Runtime) => attr.st_mode &= !0o222,
             Area::SessionLog if st.st_mode & libc::S_IFMT == libc::S_IFREG => {
@@ -1317,7 +1341,7 @@ impl CtxFs {
             }
             None => self.storage.stat(rel)?,
         };
-        let (mut attr, area) = self.shown_attr(rel, &st, 0)?;
+        let (attr, area) = self.shown_attr(rel, &st)?;
         // Hard links share the inode of their file, once its known path is checked to still name
         // it (a backing inode number is reused after a change behind the server's back).
         let key = (st.st_dev, st.st_ino);
@@ -1329,7 +1353,6 @@ impl CtxFs {
         let linked = known
             .is_some_and(|p| *p == *rel || self.storage.stat(&p).is_ok_and(|s| (s.st_dev, s.st_ino) == key));
         let ino = lock(&self.inodes).remember(rel, &st, linked);
-        attr.st_ino = ino;
         Ok(self.entry(ino, attr, self.timeout(area)))
     }
 
@@ -1515,9 +1538,8 @@ impl CtxFs {
             None => return Err(err(libc::ENOENT)),
         }
         let (dir, leaf) = self.dir_of(parent, &rel)?;
-        if flags.is_empty() {
-            self.keep_reachable(&rel);
-        }
+        // An open descriptor (a file, a directory someone is in) still reaches it after.
+        self.keep_reachable(&rel);
         rustix::fs::unlinkat(&dir, leaf, flags).map_err(ioerr)?;
         lock(&self.inodes).detach(&rel);
         Ok(())
@@ -1534,27 +1556,51 @@ impl CtxFs {
         listed
     }
 
+    /// Each entry's `d_ino` is the `st_ino` its `stat` shows ([`shown_ino`]; CortexFS's own
+    /// entries `VIRTUAL_INO | ino`), its `d_type` the backing filesystem's.
     fn list_dir_into(&self, ino: u64, out: &mut Listing) -> io::Result<()> {
+        let dev = self.storage.dev();
+        let layout = |name: &str| {
+            self.storage.stat(Path::new(name)).map_or(0, |st| shown_ino(st.st_dev, st.st_ino, dev))
+        };
         out.clear();
-        out.push(b".", ino, libc::DT_DIR as u32);
-        out.push(b"..", ROOT, libc::DT_DIR as u32);
         match ino {
-            ROOT if self.view.as_ref().is_some_and(|a| !a.alive(&self.storage)) => {}
+            ROOT | BIN | STATUS => out.push(b".", VIRTUAL_INO | ino, libc::DT_DIR as u32),
+            _ => {}
+        }
+        match ino {
+            ROOT if self.view.as_ref().is_some_and(|a| !a.alive(&self.storage)) => {
+                out.push(b"..", VIRTUAL_INO | ROOT, libc::DT_DIR as u32);
+            }
             ROOT => {
+                out.push(b"..", VIRTUAL_INO | ROOT, libc::DT_DIR as u32);
                 for (i, n) in ROOT_NAMES.iter().enumerate() {
-                    let t = if i == 0 { libc::DT_REG } else { libc::DT_DIR };
-                    out.push(n.as_bytes(), 0, t as u32);
+                    let (t, shown) = match i {
+                        0 => (libc::DT_REG, VIRTUAL_INO | STATUS),
+                        1 => (libc::DT_DIR, VIRTUAL_INO | BIN),
+                        _ => (libc::DT_DIR, layout(n)),
+                    };
+                    out.push(n.as_bytes(), shown, t as u32);
                 }
             }
             BIN => {
-                for (n, _) in &self.bins {
-                    out.push(n.as_bytes(), 0, libc::DT_REG as u32);
+                out.push(b"..", VIRTUAL_INO | ROOT, libc::DT_DIR as u32);
+                for (i, (n, _)) in self.bins.iter().enumerate() {
+                    out.push(n.as_bytes(), VIRTUAL_INO | (BIN_FIRST + i as u64), libc::DT_REG as u32);
                 }
             }
             STATUS => return Err(err(libc::ENOTDIR)),
             _ => {
                 let rel = self.rel(ino)?;
                 let fd = self.storage.dir(&rel)?;
+                let here = rustix::fs::fstat(&fd).map_err(ioerr)?;
+                out.push(b".", shown_ino(here.st_dev, here.st_ino, dev), libc::DT_DIR as u32);
+                let up = match rel.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => rustix::fs::statat(&fd, "..", AtFlags::empty())
+                        .map_or(0, |st| shown_ino(st.st_dev, st.st_ino, dev)),
+                    _ => VIRTUAL_INO | ROOT,
+                };
+                out.push(b"..", up, libc::DT_DIR as u32);
                 let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 8192];
                 let mut dir = rustix::fs::RawDir::new(&fd, &mut buf);
                 while let Some(e) = dir.next() {
@@ -1567,9 +1613,15 @@ impl CtxFs {
                         rustix::fs::FileType::Directory => libc::DT_DIR,
                         rustix::fs::FileType::Symlink => libc::DT_LNK,
                         rustix::fs::FileType::Socket => libc::DT_SOCK,
-                        _ => libc::DT_REG,
+                        rustix::fs::FileType::Fifo => libc::DT_FIFO,
+                        rustix::fs::FileType::CharacterDevice => libc::DT_CHR,
+                        rustix::fs::FileType::BlockDevice => libc::DT_BLK,
+                        rustix::fs::FileType::RegularFile => libc::DT_REG,
+                        rustix::fs::FileType::Unknown => libc::DT_UNKNOWN,
                     };
-                    out.push(name, 0, t as u32);
+                    // An entry that is a mount point shows its own device's number; the
+                    // directory's is the best known without a stat per entry.
+                    out.push(name, shown_ino(here.st_dev, e.ino(), dev), t as u32);
                 }
             }
         }
@@ -1721,6 +1773,30 @@ fn times_of(attr: &stat64, valid: SetattrValid) -> Timestamps {
 
 /// Applies a SETATTR to an open file.
 fn set_file_attr(f: &File, attr: &stat64, valid: SetattrValid) -> io::Result<()> {
+    // A descriptor kept with `O_PATH` (a directory, a FIFO, whatever has no name left) takes
+    // its changes through /proc/self/fd, which reaches the object it is open on.
+    if rustix::fs::fcntl_getfl(f).map_err(ioerr)?.contains(OFlags::PATH) {
+        let fd: OwnedFd = f.try_clone()?.into();
+        let at = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        if valid.contains(SetattrValid::MODE) {
+            chmod_unfollowed(&fd, attr.st_mode & 0o7777)?;
+        }
+        if valid.intersects(SetattrValid::UID | SetattrValid::GID) {
+            let (uid, gid) = owner_of(attr, valid);
+            rustix::fs::chownat(&fd, "", uid, gid, AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW)
+                .map_err(ioerr)?;
+        }
+        if valid.contains(SetattrValid::SIZE) {
+            let w = rustix::fs::open(at.as_str(), OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty())
+                .map_err(ioerr)?;
+            rustix::fs::ftruncate(&w, attr.st_size as u64).map_err(ioerr)?;
+        }
+        if valid.intersects(SetattrValid::ATIME | SetattrValid::MTIME) {
+            rustix::fs::utimensat(rustix::fs::CWD, at.as_str(), &times_of(attr, valid), AtFlags::empty())
+                .map_err(ioerr)?;
+        }
+        return Ok(());
+    }
     if valid.contains(SetattrValid::MODE) {
         rustix::fs::fchmod(f, Mode::from_raw_mode(attr.st_mode & 0o7777)).map_err(ioerr)?;
     }

@@ -40,7 +40,7 @@ impl FileSystem for CtxFs {
                 _ => {
                     let i = LAYOUT.iter().position(|d| d.as_bytes() == n).ok_or_else(|| err(libc::ENOENT))?;
                     let ino = LAYOUT_FIRST + i as u64;
-                    let (attr, _) = self.backed_attr(Path::new(LAYOUT[i]), ino)?;
+                    let (attr, _) = self.backed_attr(Path::new(LAYOUT[i]))?;
                     Ok(self.entry(ino, attr, LONG))
                 }
             },
@@ -49,7 +49,8 @@ impl FileSystem for CtxFs {
                     self.bins.iter().position(|(b, _)| b.as_bytes() == n).ok_or_else(|| err(libc::ENOENT))?;
                 let ino = BIN_FIRST + i as u64;
                 let st = rustix::fs::stat(&self.bins[i].1).map_err(ioerr)?;
-                let mut attr = attr_of(&st, ino);
+                let mut attr = attr_of(&st, self.storage.dev());
+                attr.st_ino = VIRTUAL_INO | ino;
                 attr.st_mode = libc::S_IFREG | 0o555;
                 attr.st_uid = 0;
                 attr.st_gid = 0;
@@ -84,7 +85,8 @@ impl FileSystem for CtxFs {
             BIN => Ok((synthetic(BIN, libc::S_IFDIR | 0o555, 0), LONG)),
             i if (BIN_FIRST..BIN_FIRST + self.bins.len() as u64).contains(&i) => {
                 let st = rustix::fs::stat(&self.bins[(i - BIN_FIRST) as usize].1).map_err(ioerr)?;
-                let mut attr = attr_of(&st, i);
+                let mut attr = attr_of(&st, self.storage.dev());
+                attr.st_ino = VIRTUAL_INO | i;
                 attr.st_mode = libc::S_IFREG | 0o555;
                 attr.st_uid = 0;
                 attr.st_gid = 0;
@@ -95,9 +97,9 @@ impl FileSystem for CtxFs {
                     Ok(rel) => rel,
                     // Unlinked but open: its handles still reach it.
                     Err(e) => {
-                        let f = self.open_file(ino, h).ok_or(e)?;
+                        let f = self.open_file(ino, h).or_else(|| self.kept(ino)).ok_or(e)?;
                         let st = rustix::fs::fstat(&f).map_err(ioerr)?;
-                        return Ok((attr_of(&st, ino), Duration::ZERO));
+                        return Ok((attr_of(&st, self.storage.dev()), Duration::ZERO));
                     }
                 };
                 if !self.permitted(&rel) {
@@ -105,10 +107,10 @@ impl FileSystem for CtxFs {
                 }
                 if classify(&rel) == Some(Area::Data) {
                     let st = self.data_stat(ino, &rel)?;
-                    let (attr, area) = self.shown_attr(&rel, &st, ino)?;
+                    let (attr, area) = self.shown_attr(&rel, &st)?;
                     return Ok((attr, self.timeout(area)));
                 }
-                let (attr, area) = self.backed_attr(&rel, ino)?;
+                let (attr, area) = self.backed_attr(&rel)?;
                 Ok((attr, self.timeout(area)))
             }
         }
@@ -131,11 +133,15 @@ impl FileSystem for CtxFs {
             // Unlinked but open: changed through one of its handles. Only in the host view, since
             // a view's grants are decided by path.
             Err(e) => {
-                let f = if self.view.is_none() { self.open_file(ino, h) } else { None };
+                let f = if self.view.is_none() {
+                    self.open_file(ino, h).or_else(|| self.kept(ino))
+                } else {
+                    None
+                };
                 let f = f.ok_or(e)?;
                 set_file_attr(&f, &attr, valid)?;
                 let st = rustix::fs::fstat(&f).map_err(ioerr)?;
-                return Ok((attr_of(&st, ino), Duration::ZERO));
+                return Ok((attr_of(&st, self.storage.dev()), Duration::ZERO));
             }
         };
         let area = classify(&rel).ok_or_else(|| err(libc::ENOENT))?;
@@ -151,7 +157,7 @@ impl FileSystem for CtxFs {
                     && h.is_none()
                     && self.rewriting(ino) =>
             {
-                let (attr, _) = self.backed_attr(&rel, ino)?;
+                let (attr, _) = self.backed_attr(&rel)?;
                 return Ok((attr, Duration::ZERO));
             }
             Area::SessionLog | Area::ObjectLog if !valid.contains(SetattrValid::SIZE) => {}
@@ -184,7 +190,7 @@ impl FileSystem for CtxFs {
             rustix::fs::utimensat(&dir, name, &times_of(&attr, valid), AtFlags::SYMLINK_NOFOLLOW)
                 .map_err(ioerr)?;
         }
-        let (attr, _) = self.backed_attr(&rel, ino)?;
+        let (attr, _) = self.backed_attr(&rel)?;
         Ok((attr, self.ttl))
     }
 
@@ -690,9 +696,15 @@ impl FileSystem for CtxFs {
 
     fn listxattr(&self, _ctx: &Context, ino: u64, size: u32) -> io::Result<ListxattrReply> {
         self.stats.count("xattr");
-        let mut names = KIND_XATTR.to_vec();
-        names.push(0);
-        if let Some((_, fd)) = self.data_inode(ino)? {
+        // CortexFS's own marker is read by name; it is listed only where nothing else is (the
+        // objects and controls), so that a copy of a data file does not carry it elsewhere.
+        let mut names = Vec::new();
+        let data = self.data_inode(ino)?;
+        if data.is_none() {
+            names.extend_from_slice(KIND_XATTR);
+            names.push(0);
+        }
+        if let Some((_, fd)) = data {
             let mut list = vec![0u8; XATTR_MAX];
             let n = rustix::fs::listxattr(proc_fd(&fd), &mut list[..]).map_err(ioerr)?;
             for name in list[..n].split(|b| *b == 0).filter(|n| !n.is_empty()) {
