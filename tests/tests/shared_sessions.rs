@@ -249,3 +249,30 @@ fn the_readmes_shared_space_block_works_as_written_and_grants_undo() {
     assert_eq!(at(&["agent", "set", "coder", "label", "x_t"], &src).status.code(), Some(2));
     assert_eq!(at(&["agent", "set", "nosuch", "gid", "5"], &src).status.code(), Some(1));
 }
+
+/// A grant written to the storage was read through the mount a moment later as it was before
+/// (the kernel's copy, until the daemon's watch dropped it): the README's `grant` then `start`
+/// was refused 13, and `ctx send` right after `ctx agent new` found no socket. Each command
+/// returns once the mount serving the storage shows what it wrote.
+#[test]
+fn what_a_command_writes_is_what_the_next_one_reads_through_the_mount() {
+    let s = Served::start();
+    let (st, mnt) = (s.storage.to_str().unwrap().to_owned(), s.mnt.clone());
+    ok(ctx(&["bootstrap", &st]), "bootstrap");
+    for i in 0..20 {
+        let name = format!("quick{i}");
+        ok(ctx(&["agent", "new", &name, "--source", &st]), "agent new");
+        assert!(
+            fs::symlink_metadata(mnt.join(format!("agent/{name}.sock"))).is_ok(),
+            "{name}: its socket at once"
+        );
+        ok(ctx(&["agent", "grant", &name, "tool:fs.read", "execute", "--source", &st]), "grant");
+        let seen = fs::read_to_string(mnt.join(format!("agent/{name}.d/policy"))).unwrap();
+        assert!(seen.contains(&format!("allow {name}_t tool:fs.read execute")), "{name}: {seen}");
+        let tool = fs::read_to_string(mnt.join("tool/fs.read.d/policy")).unwrap();
+        assert!(tool.contains(&format!("allow {name}_t tool:fs.read execute")), "{name}: {tool}");
+        ok(ctx(&["agent", "revoke", &name, "tool:fs.read", "execute", "--source", &st]), "revoke");
+        let seen = fs::read_to_string(mnt.join(format!("agent/{name}.d/policy"))).unwrap();
+        assert!(!seen.contains("tool:fs.read"), "{name}: {seen}");
+    }
+}

@@ -403,6 +403,58 @@ fn agent_dir(storage: &Path) -> PathBuf {
     storage.join(ObjectClass::Agent.as_str())
 }
 
+/// The host view that serves `storage`, when a daemon does: a `fuse.cortexfs` mount whose
+/// source is this storage and whose `status` says `view host`.
+fn served_at(storage: &Path) -> Option<PathBuf> {
+    let storage = std::fs::canonicalize(storage).ok()?;
+    // root's: /proc
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let mut r = right.split(' ');
+        let (kind, source) = (r.next()?, r.next()?);
+        if kind != "fuse.cortexfs" || Path::new(&source.replace("\\040", " ")) != storage {
+            return None;
+        }
+        let mnt = PathBuf::from(left.split(' ').nth(4)?.replace("\\040", " "));
+        // root's: the daemon's status file
+        let status = std::fs::read_to_string(mnt.join("status")).ok()?;
+        (policy::status::field(&status, "view") == Some("host")).then_some(mnt)
+    })
+}
+
+/// What the command changed in `storage` is what the next command reads through the mount
+/// that serves it: waits (at most 3 s) until each of `rels` reads the same through `/ctx` as in
+/// the storage (the daemon drops the kernel's copies when its watch sees a change), and, for an
+/// agent just made, until its socket is there to drive it.
+fn settle(storage: &Path, rels: &[PathBuf], socket: Option<&str>) {
+    let Some(ctx) = served_at(storage) else { return };
+    let t = std::time::Instant::now();
+    let limit = std::time::Duration::from_secs(3);
+    // root's: the storage's objects, and the mount serving them (read only)
+    let same = |rel: &PathBuf| std::fs::read(storage.join(rel)).ok() == std::fs::read(ctx.join(rel)).ok();
+    while t.elapsed() < limit {
+        let sock = socket
+            .is_none_or(|n| std::fs::symlink_metadata(ctx.join("agent").join(format!("{n}.sock"))).is_ok());
+        if sock && rels.iter().all(same) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The controls a grant or revoke of `object` writes, relative to the storage.
+fn grant_rels(name: &str, object: &str) -> Vec<PathBuf> {
+    let mut v = vec![
+        PathBuf::from(format!("agent/{name}.d/policy")),
+        PathBuf::from(format!("agent/{name}.d/groups")),
+    ];
+    if let Some(tool) = object.strip_prefix("tool:") {
+        v.push(PathBuf::from(format!("tool/{tool}.d/policy")));
+    }
+    v
+}
+
 fn new(a: NewArgs) -> anyhow::Result<()> {
     let mut mounts = Vec::new();
     for m in a.mounts.chunks_exact(3) {
@@ -431,6 +483,7 @@ fn new(a: NewArgs) -> anyhow::Result<()> {
     // The operator's own agent: each installed tool it is given agrees in its own policy too,
     // as `ctx agent grant` writes it. (A child's tools are its parent's to hold, not the
     // tools' to widen: `--parent` leaves tool policies alone.)
+    let mut rels = vec![PathBuf::from(format!("agent/{name}.d/policy"))];
     if !child {
         for t in tools.iter().filter(|t| a.at.source.join("tool").join(t).is_file()) {
             for line in
@@ -440,8 +493,11 @@ fn new(a: NewArgs) -> anyhow::Result<()> {
                     out::line(line)?;
                 }
             }
+            rels.push(PathBuf::from(format!("tool/{t}.d/policy")));
         }
     }
+    // Driven at once: `ctx send NAME` right after finds its socket.
+    settle(&a.at.source, &rels, Some(&name));
     Ok(())
 }
 
@@ -576,16 +632,20 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             for line in agents::grant(&at.source, &name, &object, &perm).map_err(exit::launch)? {
                 out::line(line)?;
             }
+            settle(&at.source, &grant_rels(&name, &object), None);
             Ok(())
         }
         Cmd::Revoke { at, name, object, perm } => {
             for line in agents::revoke(&at.source, &name, &object, &perm).map_err(exit::launch)? {
                 out::line(line)?;
             }
+            settle(&at.source, &grant_rels(&name, &object), None);
             Ok(())
         }
         Cmd::Set { at, name, key, value, allow_root } => {
-            out::line(agents::set(&at.source, &name, &key, &value, allow_root).map_err(exit::launch)?)
+            out::line(agents::set(&at.source, &name, &key, &value, allow_root).map_err(exit::launch)?)?;
+            settle(&at.source, &[PathBuf::from(format!("agent/{name}.d/{key}"))], None);
+            Ok(())
         }
         Cmd::Start(a) => {
             let mounts = a

@@ -75,6 +75,12 @@ fn refused(name: &str, f: &Value) -> anyhow::Error {
 pub fn run(a: Args) -> anyhow::Result<()> {
     exit::agent_at(&a.ctx, &a.name)?;
     let socket = a.ctx.join("agent").join(format!("{}.sock", a.name));
+    // An agent made a moment ago gets its socket once the daemon's watch sees it.
+    let t = std::time::Instant::now();
+    // root's: the host mount's objects
+    while std::fs::symlink_metadata(&socket).is_err() && t.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let (mut w, mut r, hello) = asock::connect(&socket)
         .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("cannot reach agent {}: {e}", a.name)))?;
     if hello["type"] == "error" {
