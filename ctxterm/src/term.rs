@@ -131,7 +131,7 @@ pub fn run(opts: &Options) -> Result<i32, RunError> {
     // all of the output, however much comes before it would otherwise have joined.
     let first = if opts.wait_client {
         let (stream, _) = listener.accept()?;
-        join(stream, &state, &File::from(master.try_clone()?), &env)
+        join(stream, &state, &File::from(master.try_clone()?), &env, true)
     } else {
         None
     };
@@ -301,7 +301,13 @@ struct Joined {
 
 /// Reads a client's mode line and registers it; `None` (the client told why) when it cannot be
 /// served.
-fn join(mut stream: UnixStream, state: &Mutex<State>, master: &File, env: &Env) -> Option<Joined> {
+fn join(
+    mut stream: UnixStream,
+    state: &Mutex<State>,
+    master: &File,
+    env: &Env,
+    first: bool,
+) -> Option<Joined> {
     let (mode, size) = match self::mode(&mut stream) {
         Ok(m) => m,
         Err(e) => {
@@ -310,7 +316,12 @@ fn join(mut stream: UnixStream, state: &Mutex<State>, master: &File, env: &Env) 
         }
     };
     if mode == Mode::Turn {
-        turn(stream, env);
+        if first {
+            // The client the terminal waits for is its watcher: a turn joins a running one.
+            let _ = writeln!(stream, "ctxterm: the terminal has not started yet");
+        } else {
+            turn(stream, env);
+        }
         return None;
     }
     if let Some(size) = size {
@@ -339,7 +350,7 @@ fn join(mut stream: UnixStream, state: &Mutex<State>, master: &File, env: &Env) 
 }
 
 fn serve(stream: UnixStream, master: File, state: &Mutex<State>, writing: Arc<()>, env: &Env) {
-    if let Some(j) = join(stream, state, &master, env) {
+    if let Some(j) = join(stream, state, &master, env, false) {
         serve_joined(j, master, writing);
     }
 }

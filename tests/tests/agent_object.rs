@@ -615,3 +615,64 @@ fn commands_that_read_create_nothing() {
         assert_eq!(listing(d.path()), before, "ctx {args:?} made something: {}", text(&out.stderr));
     }
 }
+
+/// Listings had no header line and some had no `--json`: every human listing has a header of
+/// upper-case column names, and `--json` gives the same rows.
+#[test]
+fn every_listing_has_a_header_and_json() {
+    let d = tempfile::tempdir().unwrap();
+    let s = d.path().join("storage");
+    let st = s.to_str().unwrap();
+    let q = d.path().join("q");
+    let job = d.path().join("j1.req.json");
+    fs::write(&job, "{}").unwrap();
+    let run_ok = |args: &[&str]| ok(&run("ctx", args));
+    run_ok(&["bootstrap", st]);
+    run_ok(&["agent", "new", "lister", "--source", st]);
+    run_ok(&[
+        "model",
+        "add",
+        "local/m1",
+        "--api",
+        "openai-responses",
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--id",
+        "m-1",
+        "--source",
+        st,
+    ]);
+    run_ok(&["model", "alias", "main", "local/m1", "--source", st]);
+    run_ok(&["shared", "new", "team", "--group", "3300", "--source", st]);
+    run_ok(&["queue", "publish", q.to_str().unwrap(), job.to_str().unwrap()]);
+    let cases: &[(&[&str], &str)] = &[
+        (&["agent", "ls", "--source", st], "NAME\tLABEL\tUID"),
+        (&["model", "ls", "--source", st], "NAME\tAPI\tBASE_URL\tALIASES"),
+        (&["shared", "ls", "--source", st], "SPACE\tOWNER\tGROUP\tMODE\tAGENTS"),
+        (&["queue", "ls", q.to_str().unwrap()], "STATE\tJOB\tPROBLEM"),
+        (&["man"], "TOPIC\tTITLE\tALIASES"),
+    ];
+    for (args, header) in cases {
+        let out = run_ok(args);
+        assert_eq!(out.lines().next(), Some(*header), "ctx {args:?}: {out}");
+        assert!(out.lines().count() >= 2, "ctx {args:?}: rows under the header: {out}");
+        let mut json: Vec<&str> = args.to_vec();
+        json.push("--json");
+        let v: serde_json::Value =
+            serde_json::from_str(&run_ok(&json)).unwrap_or_else(|e| panic!("ctx {json:?}: {e}"));
+        assert!(v.is_array() || v.is_object(), "ctx {json:?}: {v}");
+    }
+    assert!(
+        run_ok(&["model", "ls", "--source", st])
+            .contains("local/m1\topenai-responses\thttp://127.0.0.1:9/v1\tmain")
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&run_ok(&["queue", "recover", q.to_str().unwrap(), "--json"])).unwrap();
+    assert!(v["requeued"].is_array() && v["conflicts"].is_array(), "{v}");
+    // What only root may be given is given only when meant.
+    for args in [&["agent", "set", "lister", "gid", "0"][..], &["agent", "set", "lister", "groups", "20,0"]] {
+        let out = run("ctx", &[args, &["--source", st][..]].concat());
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out.stderr));
+    }
+    run_ok(&["agent", "set", "lister", "gid", "0", "--allow-root", "--source", st]);
+}

@@ -23,6 +23,9 @@ pub struct Args {
     /// Read the copy built into this binary, not the installed one.
     #[arg(long)]
     builtin: bool,
+    /// With no topic: print a JSON array of {"topic","title","aliases"}.
+    #[arg(long)]
+    json: bool,
 }
 
 fn installed(a: &Args, page: &docs::Page) -> Option<String> {
@@ -36,11 +39,18 @@ fn installed(a: &Args, page: &docs::Page) -> Option<String> {
 /// Runs `ctx man`.
 pub fn run(a: Args) -> anyhow::Result<()> {
     let Some(topic) = &a.topic else {
+        let title = |p: &docs::Page| p.text.lines().next().unwrap_or("").trim_start_matches("# ").to_owned();
+        if a.json {
+            let v: Vec<serde_json::Value> = PAGES
+                .iter()
+                .map(|p| serde_json::json!({"topic": p.topic, "title": title(p), "aliases": p.aliases}))
+                .collect();
+            return out::line(serde_json::Value::Array(v));
+        }
+        let mut list = out::Listing::new("TOPIC\tTITLE\tALIASES");
         for p in PAGES {
-            let title = p.text.lines().next().unwrap_or("").trim_start_matches("# ");
-            let aliases =
-                if p.aliases.is_empty() { String::new() } else { format!(" ({})", p.aliases.join(", ")) };
-            out::line(format_args!("{:<16} {title}{aliases}", p.topic))?;
+            let aliases = if p.aliases.is_empty() { "-".to_owned() } else { p.aliases.join(",") };
+            list.row(format_args!("{}\t{}\t{aliases}", p.topic, title(p)))?;
         }
         return Ok(());
     };

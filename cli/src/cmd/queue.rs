@@ -58,6 +58,9 @@ pub enum Cmd {
         /// Lease time in milliseconds.
         #[arg(long, default_value_t = 60_000)]
         lease_ms: u64,
+        /// Print one JSON object: {"requeued","failed","reconciled","live","deferred","conflicts"}.
+        #[arg(long)]
+        json: bool,
     },
     /// List jobs by state, and entries that are not jobs.
     Ls {
@@ -158,13 +161,19 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                 .into()),
             }
         }
-        Cmd::Recover { dir, policy, lease_ms } => {
+        Cmd::Recover { dir, policy, lease_ms, json } => {
             let q = open(&dir, Duration::from_millis(lease_ms))?;
             let p = match policy {
                 PolicyArg::Requeue => Policy::Requeue,
                 PolicyArg::Fail => Policy::Fail,
             };
             let r = q.recover(p).map_err(fail)?;
+            if json {
+                out::line(serde_json::json!({"requeued": r.requeued, "failed": r.failed,
+                    "reconciled": r.reconciled, "live": r.live, "deferred": r.deferred,
+                    "conflicts": r.conflicts}))?;
+                return if r.conflicts.is_empty() { Ok(()) } else { Err(Exit::quiet(exit::FAILURE).into()) };
+            }
             for j in &r.requeued {
                 out::line(format_args!("requeued {j}"))?;
             }

@@ -694,12 +694,20 @@ pub fn set(storage: &Path, name: &str, key: &str, value: &str, allow_root: bool)
             if groups.len() > 64 {
                 return Err(invalid("groups: at most 64"));
             }
+            if groups.contains(&0) && !allow_root {
+                return Err(invalid(
+                    "group 0 is root's: its members read and write what root's group may; give --allow-root to mean it",
+                ));
+            }
             write_groups(storage, name, &groups)?;
             let shown: Vec<String> = groups.iter().map(u32::to_string).collect();
             Ok(format!("agent/{name}.d/groups: {}", shown.join(" ")))
         }
         "gid" => {
             let gid = id(value)?;
+            if gid == 0 && !allow_root {
+                return Err(invalid("gid 0 is root's group; give --allow-root to mean it"));
+            }
             write_control(&f, format!("{gid}\n").as_bytes())?;
             Ok(format!("agent/{name}.d/gid: {gid}"))
         }
