@@ -112,6 +112,17 @@ fn name(v: &Value, field: &str, default: &str) -> Result<String, Refusal> {
     Ok(s.to_owned())
 }
 
+/// The absolute path in `field`, if there is one.
+fn absolute(v: &Value, field: &str) -> Result<Option<String>, Refusal> {
+    match string(v, field)? {
+        Some(c) => {
+            crate::path::check_absolute(c).map_err(|e| refuse("EINVAL", format!("{field} {c:?}: {e}")))?;
+            Ok(Some(c.to_owned()))
+        }
+        None => Ok(None),
+    }
+}
+
 /// Parses one request line (without its newline).
 pub fn parse(line: &[u8]) -> Result<Request, Refusal> {
     if line.len() > FRAME_MAX {
@@ -140,22 +151,7 @@ pub fn parse(line: &[u8]) -> Result<Request, Refusal> {
             if (scope == Scope::Shared) != space.is_some() {
                 return Err(refuse("EINVAL", "scope shared takes a space, and only it does"));
             }
-            let cwd = match string(&v, "cwd")? {
-                Some(c) => {
-                    crate::path::check_absolute(c)
-                        .map_err(|e| refuse("EINVAL", format!("cwd {c:?}: {e}")))?;
-                    Some(c.to_owned())
-                }
-                None => None,
-            };
-            let here = match string(&v, "here")? {
-                Some(c) => {
-                    crate::path::check_absolute(c)
-                        .map_err(|e| refuse("EINVAL", format!("here {c:?}: {e}")))?;
-                    Some(c.to_owned())
-                }
-                None => None,
-            };
+            let (cwd, here) = (absolute(&v, "cwd")?, absolute(&v, "here")?);
             let input = string(&v, "input")?.ok_or_else(|| refuse("EINVAL", "send needs an input"))?;
             if input.trim().is_empty() {
                 return Err(refuse("EINVAL", "the input is empty"));

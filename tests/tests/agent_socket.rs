@@ -20,7 +20,7 @@ use tests::served::Served;
 const RUNTIME: &str = "#!/bin/sh
 read -r line
 case \"$line\" in
-wait*) echo waiting; while [ ! -e /workspace/go ]; do sleep 0.1; done ;;
+wait*) echo waiting; echo still at it >&2; while [ ! -e /workspace/go ]; do sleep 0.1; done ;;
 big*) echo run >> /workspace/runs; head -c 3000000 /dev/zero | tr '\\0' a; echo ;;
 esac
 echo \"ANSWER: $line\"
@@ -264,6 +264,14 @@ fn a_client_drives_two_agents_at_once_and_each_turn_is_recorded_once() {
     let args = ["send", "sockrt", "hello", "--session", &s, "--cwd", &cwd, "--ctx", &mnt, "--wait"];
     let o = ok(ctx(&args, &[], ""), "ctx send --wait");
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "ANSWER: hello");
+    // Without --cwd, a turn that joins no run works in the caller's directory (the runtime is
+    // found at /workspace/rt.sh only so).
+    let o = Command::new(tests::bin("ctx"))
+        .current_dir(&h.work)
+        .args(["send", "sockrt", "from here", "--session", &s, "--ctx", &mnt, "--wait"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "ANSWER: from here", "{}", tests::shown(&o));
     // A caller who is neither root, nor the agent's owner, nor an agent granted
     // agent:sockrt write is refused before anything runs.
     let as_uid = |uid: &str, args: &[&str]| {
@@ -274,7 +282,7 @@ fn a_client_drives_two_agents_at_once_and_each_turn_is_recorded_once() {
     let o = as_uid("4242", &["send", "sockrt", "hi", "--session", &s, "--ctx", &mnt, "--wait"]);
     assert_eq!(o.status.code(), Some(13), "{}", tests::shown(&o));
     assert!(String::from_utf8_lossy(&o.stderr).contains("EACCES"), "{}", tests::shown(&o));
-    assert_eq!(records(&h, 1001, "sockrt", &s).len(), 4, "nothing was recorded for the refused caller");
+    assert_eq!(records(&h, 1001, "sockrt", &s).len(), 6, "nothing was recorded for the refused caller");
     // The uid of an agent whose policy allows agent:sockrt write may drive it.
     let st = h.s.storage.display().to_string();
     ok(
@@ -619,6 +627,8 @@ print("\nEXIT", os.waitstatus_to_exitcode(status))
         .unwrap();
     let said = String::from_utf8_lossy(&o.stdout);
     assert!(said.contains("cancelling run") && said.contains("was cancelled"), "{said}");
+    // On a terminal, what the run says on the side shows while it runs.
+    assert!(said.contains("still at it"), "progress on the terminal: {said}");
     assert!(said.trim_end().ends_with("EXIT 130"), "{said}");
     let r = records(&h, 1001, "sockrt", &s);
     assert!(r.iter().any(|v| v["role"] == "assistant" && v["status"] == "cancelled"), "{r:?}");
@@ -643,6 +653,17 @@ print("\nEXIT", os.waitstatus_to_exitcode(status))
         std::thread::sleep(Duration::from_millis(100));
         c.send(json!({"op": "status", "id": id}));
     }
+    // By session: every run of it going on.
+    let o = ok(
+        ctx(&["send", "sockrt", "wait once more", "--session", &s, "--cwd", &cwd, "--ctx", &mnt], &[], ""),
+        "send",
+    );
+    let id3 = String::from_utf8_lossy(&o.stdout).trim().to_owned();
+    let o = ok(ctx(&["cancel", "sockrt", "--session", &s, "--ctx", &mnt], &[], ""), "cancel by session");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), format!("cancelling run {id3}"));
+    let mut follow = Client::to(&h, "sockrt");
+    follow.send(json!({"op": "send", "id": id3, "session": s, "input": "wait once more"}));
+    assert_eq!(follow.until(done(&id3)).last().unwrap()["status"], "cancelled");
     let o = ctx(&["cancel", "sockrt", "--session", &s, "--ctx", &mnt], &[], "");
     assert_eq!(o.status.code(), Some(1), "{}", tests::shown(&o));
     assert!(String::from_utf8_lossy(&o.stderr).contains("no run of session"), "{}", tests::shown(&o));

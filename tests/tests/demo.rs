@@ -32,6 +32,33 @@ fn runs(d: &Path) -> Vec<String> {
         .collect()
 }
 
+/// `sudo make demo` went on to install packages and then failed to find cargo (sudo resets
+/// PATH): the first step says what to do when cargo cannot be run.
+#[test]
+fn make_demo_says_first_how_to_get_cargo() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let o = Command::new("bash")
+        .arg(root.join("scripts/need-cargo"))
+        .arg("demo")
+        .env("CARGO", "cargo-that-is-not-here")
+        .env("HOME", "/nonexistent")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(69), "{}", tests::shown(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("cargo is missing: install Rust"),
+        "{}",
+        tests::shown(&o)
+    );
+    let o = Command::new("bash")
+        .arg(root.join("scripts/need-cargo"))
+        .arg("demo")
+        .env("CARGO", "true")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", tests::shown(&o));
+}
+
 #[test]
 fn the_demo_runs_twice_leaves_one_terminal_and_demo_clean_takes_back_what_it_made() {
     let d = tempfile::Builder::new().prefix("cortexfs-demo-test.").tempdir_in("/var/tmp").unwrap();

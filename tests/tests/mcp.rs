@@ -137,6 +137,14 @@ fn filesystem_tools_are_projected_installed_and_called_through_tsh() {
         fs::write(st.join(format!("tool/{t}.d/policy")), format!("allow coder_t tool:{t} execute\n"))
             .unwrap();
     }
+    // Written behind the daemon's back: the view shows it once the daemon's watch has seen it.
+    let t0 = std::time::Instant::now();
+    while !tools.iter().all(|t| {
+        fs::read_to_string(view.join(format!("tool/{t}.d/policy"))).is_ok_and(|p| p.contains("allow coder_t"))
+    }) {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10), "the view shows the new policies");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let out = tsh(&["fs.read_text_file", &read], None);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(stdout(&out), "hello from mcp\n");

@@ -455,6 +455,18 @@ fn make_install_puts_man_pages_and_completions_under_the_prefix() {
         assert!(t.elapsed() < std::time::Duration::from_secs(10), "the agent is completed");
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+    // A session of it, as the daemon serves it.
+    let uid = fs::read_to_string(s.storage.join("agent/complme.d/uid")).unwrap();
+    fs::create_dir_all(s.storage.join(format!("home/{}/agent/complme/session/sess-done", uid.trim())))
+        .unwrap();
+    let t = std::time::Instant::now();
+    while !complete("ctx agent history complme --session sess", 5, "sess")
+        .lines()
+        .any(|l| l.trim() == "sess-done")
+    {
+        assert!(t.elapsed() < std::time::Duration::from_secs(10), "the session is completed");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
 
 /// Every `ctx` command line in the README's and the docs' shell blocks parses as written: its
@@ -537,4 +549,36 @@ print(json.dumps(out))
         }
     }
     assert!(bad.is_empty(), "{} lines do not parse:\n{}", bad.len(), bad.join("\n"));
+}
+
+/// `ctx man` printed raw Markdown with no pager: on a terminal it pages through `$PAGER` (a
+/// shell command, as git and man run it); into a pipe it prints.
+#[test]
+fn ctx_man_pages_through_the_pager_on_a_terminal() {
+    let pty = r#"
+import os, pty, sys
+pid, fd = pty.fork()
+if pid == 0:
+    os.environ["PAGER"] = "sed 's/^/PAGED: /'"
+    os.execv(sys.argv[1], sys.argv[1:])
+out = b""
+while True:
+    try:
+        b = os.read(fd, 4096)
+    except OSError:
+        break
+    if not b:
+        break
+    out += b
+os.waitpid(pid, 0)
+sys.stdout.write(out.decode(errors="replace"))
+"#;
+    let o = Command::new("python3")
+        .args(["-c", pty, tests::bin("ctx").to_str().unwrap(), "man", "policy", "--builtin"])
+        .output()
+        .unwrap();
+    let said = text(&o.stdout);
+    assert!(said.lines().take(3).all(|l| l.starts_with("PAGED: ")), "{said}");
+    let piped = run("ctx", &["man", "policy", "--builtin"]);
+    assert!(!text(&piped.stdout).contains("PAGED"), "a pipe gets the text itself");
 }
