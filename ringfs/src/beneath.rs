@@ -370,9 +370,10 @@ impl AsFd for Tree {
     }
 }
 
-/// The path that reaches what `fd` is open on through the descriptor itself.
-fn through(fd: &OwnedFd) -> String {
-    format!("/proc/self/fd/{}", fd.as_raw_fd())
+/// The path that reaches what `fd` is open on through the descriptor itself
+/// (`/proc/self/fd/N`), for the calls the kernel offers no descriptor form of.
+pub fn through(fd: impl AsFd) -> String {
+    format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd())
 }
 
 /// Sets the owner of what `fd` is open on.

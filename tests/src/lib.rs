@@ -19,6 +19,7 @@ pub mod gluster;
 pub mod model_endpoint;
 pub mod object;
 pub mod powerloss;
+pub mod pty;
 pub mod race;
 pub mod served;
 pub mod vm;

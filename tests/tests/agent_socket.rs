@@ -598,34 +598,12 @@ fn ctrl_c_on_send_wait_cancels_the_run_and_ctx_cancel_cancels_by_id() {
     let s = tests::unique("cc");
     let (cwd, mnt) = (h.work.display().to_string(), h.s.mnt.display().to_string());
     Client::to(&h, "sockrt");
-    let pty = r#"
-import os, pty, sys, time
-pid, fd = pty.fork()
-if pid == 0:
-    os.execv(sys.argv[1], sys.argv[1:])
-out, sent, end = b"", False, time.time() + 60
-while time.time() < end:
-    try:
-        b = os.read(fd, 4096)
-    except OSError:
-        break
-    if not b:
-        break
-    out += b
-    if not sent and b"ctx: run " in out:
-        time.sleep(0.5)
-        os.write(fd, b"\x03")
-        sent = True
-_, status = os.waitpid(pid, 0)
-sys.stdout.write(out.decode(errors="replace"))
-print("\nEXIT", os.waitstatus_to_exitcode(status))
-"#;
-    let o = Command::new("python3")
-        .args(["-c", pty, tests::bin("ctx").to_str().unwrap()])
-        .args(["send", "sockrt", "wait for me", "--session", &s, "--cwd", &cwd, "--ctx", &mnt, "--wait"])
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&o.stdout);
+    let said = tests::pty::run(
+        tests::bin("ctx").to_str().unwrap(),
+        &["send", "sockrt", "wait for me", "--session", &s, "--cwd", &cwd, "--ctx", &mnt, "--wait"],
+        &[],
+        Some("ctx: run "),
+    );
     assert!(said.contains("cancelling run") && said.contains("was cancelled"), "{said}");
     // On a terminal, what the run says on the side shows while it runs.
     assert!(said.contains("still at it"), "progress on the terminal: {said}");

@@ -555,29 +555,12 @@ print(json.dumps(out))
 /// shell command, as git and man run it); into a pipe it prints.
 #[test]
 fn ctx_man_pages_through_the_pager_on_a_terminal() {
-    let pty = r#"
-import os, pty, sys
-pid, fd = pty.fork()
-if pid == 0:
-    os.environ["PAGER"] = "sed 's/^/PAGED: /'"
-    os.execv(sys.argv[1], sys.argv[1:])
-out = b""
-while True:
-    try:
-        b = os.read(fd, 4096)
-    except OSError:
-        break
-    if not b:
-        break
-    out += b
-os.waitpid(pid, 0)
-sys.stdout.write(out.decode(errors="replace"))
-"#;
-    let o = Command::new("python3")
-        .args(["-c", pty, tests::bin("ctx").to_str().unwrap(), "man", "policy", "--builtin"])
-        .output()
-        .unwrap();
-    let said = text(&o.stdout);
+    let said = tests::pty::run(
+        tests::bin("ctx").to_str().unwrap(),
+        &["man", "policy", "--builtin"],
+        &[("PAGER", "sed 's/^/PAGED: /'")],
+        None,
+    );
     assert!(said.lines().take(3).all(|l| l.starts_with("PAGED: ")), "{said}");
     let piped = run("ctx", &["man", "policy", "--builtin"]);
     assert!(!text(&piped.stdout).contains("PAGED"), "a pipe gets the text itself");

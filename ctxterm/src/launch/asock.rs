@@ -763,17 +763,20 @@ impl Server {
             json!({"type": "done", "id": s.id, "status": "error"})
         };
         let agent = t.agent.as_str();
-        let cwd = if s.cwd.is_some() || s.here.is_some() { "/workspace" } else { "/" };
+        let cwd = if s.cwd.is_some() || s.here.is_some() { super::contract::WORKSPACE } else { "/" };
         let dir = match &s.space {
             Some(space) => self.ctx.join(runtime::shared_session_path(space, agent, &s.session)),
             None => runtime::session_dir(&self.ctx, uid, agent, &s.session),
         };
         let profile = self.control(agent, "profile").lines().next().unwrap_or("").trim().to_owned();
         let run_dir = runtime::run_dir(&self.control, agent, &s.session);
-        // A profile that names no runtime is refused before anything is recorded.
-        if let Err(m) = cli_args(&profile, agent, Path::new("/nonexistent"), "") {
-            return fail("EINVAL", m);
-        }
+        // The agent's template, as it is now: an agent.update of it shows in the next turn. A
+        // profile that names no runtime is refused before anything is recorded.
+        let prompt = prompt_of(&self.control(agent, "prompt.template.md"), s);
+        let (args, new_cli_session) = match cli_args(&profile, agent, &dir, &prompt) {
+            Ok(a) => a,
+            Err(m) => return fail("EINVAL", m),
+        };
         // A run of the session going on (a terminal started with `ctx agent start`): the turn
         // joins it, or is refused saying why, before anything is recorded.
         let joined = match super::rundir::supervisor(&run_dir) {
@@ -821,12 +824,6 @@ impl Server {
             t.state.lock().unwrap_or_else(|e| e.into_inner()).in_run = true;
         }
         t.push(start);
-        // The agent's template, as it is now: an agent.update of it shows in the next turn.
-        let prompt = prompt_of(&self.control(agent, "prompt.template.md"), s);
-        let (args, new_cli_session) = match cli_args(&profile, agent, &dir, &prompt) {
-            Ok(a) => a,
-            Err(m) => return fail("EINVAL", m),
-        };
         let (mut runner, stdin, stdout, stderr) = match &joined {
             Some(j) => match join_turn(&run_dir, j, &args) {
                 Ok((stream, i, o, e)) => {
@@ -1171,7 +1168,11 @@ fn joinable(run: &Path, pid: i32, s: &asock::Send, profile: &str, caller: u32) -
             _ => return Err(busy(format!("it was not started with --profile {p}, the agent's profile"))),
         },
     };
-    Ok(Joinable { uid: c.uid, cwd: if c.workspace.is_some() { "/workspace" } else { "/" }, base })
+    Ok(Joinable {
+        uid: c.uid,
+        cwd: if c.workspace.is_some() { super::contract::WORKSPACE } else { "/" },
+        base,
+    })
 }
 
 /// Asks the `ctxterm` of the run in `run` to run the turn (`j`'s command, then `args`) beside

@@ -1777,7 +1777,7 @@ fn set_file_attr(f: &File, attr: &stat64, valid: SetattrValid) -> io::Result<()>
     // its changes through /proc/self/fd, which reaches the object it is open on.
     if rustix::fs::fcntl_getfl(f).map_err(ioerr)?.contains(OFlags::PATH) {
         let fd: OwnedFd = f.try_clone()?.into();
-        let at = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        let at = ringfs::beneath::through(&fd);
         if valid.contains(SetattrValid::MODE) {
             chmod_unfollowed(&fd, attr.st_mode & 0o7777)?;
         }

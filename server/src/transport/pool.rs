@@ -149,9 +149,11 @@ pub fn open_parent(path: &Path) -> Result<(OwnedFd, OsString), String> {
     Ok((fd, name.to_os_string()))
 }
 
-/// The path that reaches what `fd` is open on through the descriptor itself.
-fn through(fd: &OwnedFd) -> String {
-    format!("/proc/self/fd/{}", fd.as_raw_fd())
+/// Attaches the detached mount `mount` on the directory `dir` is open on, descriptor to
+/// descriptor.
+fn move_onto(mount: impl AsFd, dir: impl AsFd) -> rustix::io::Result<()> {
+    let both = MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH;
+    rustix::mount::move_mount(mount, "", dir, "", both)
 }
 
 /// A new FUSE connection mounted with the mount API, attached nowhere yet: its `/dev/fuse`
@@ -482,14 +484,7 @@ impl Pool {
                     ringfs::beneath::BENEATH,
                 )
                 .map_err(shown_err)?;
-                rustix::mount::move_mount(
-                    &mnt,
-                    "",
-                    &dir,
-                    "",
-                    MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
-                )
-                .map_err(shown_err)?;
+                move_onto(&mnt, &dir).map_err(shown_err)?;
                 // The mount's own descriptor is not kept: it would keep the mount busy for
                 // an operator's umount(8).
                 (Some((parent, name.to_os_string())), None)
@@ -558,13 +553,7 @@ impl Pool {
                     OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
                     rustix::fs::Mode::empty(),
                 )?;
-                rustix::mount::move_mount(
-                    &tree,
-                    "",
-                    &to,
-                    "",
-                    MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
-                )?;
+                move_onto(&tree, &to)?;
                 binds.push(mountpoint.join(d));
                 Ok::<(), io::Error>(())
             });
@@ -653,7 +642,7 @@ impl Pool {
         // Closed first, so that nothing waits on a request the pool no longer serves.
         drop(a.dev);
         let Some((parent, name)) = &a.at else { return Ok(()) };
-        let path = Path::new(&through(parent)).join(name);
+        let path = Path::new(&ringfs::beneath::through(parent)).join(name);
         // The last level is not followed.
         match rustix::mount::unmount(&path, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW) {
             // Unmounted already (umount(8), or a dead connection cleaned).
