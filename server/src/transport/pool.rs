@@ -526,9 +526,9 @@ impl Pool {
     /// Mounts the host view at `mountpoint`: `fs` serves it, and `data` (a
     /// [`CtxFs::data`] over the same storage) serves everything beneath its `home/` and
     /// `shared/`, so that plain files there are opened, read and closed without a request once
-    /// cached. The data connection is mounted on a private directory, its `home` and `shared`
-    /// are bound over the host view's, and the private mount is detached: the two binds are
-    /// all that reach it.
+    /// cached. The data connection is mounted nowhere: its `home` and `shared` are cloned from
+    /// the detached mount (`open_tree`) and moved onto the host view's, and those two are all
+    /// that reach it.
     pub fn mount_host(&self, fs: Arc<CtxFs>, data: Arc<CtxFs>, mountpoint: &Path) -> io::Result<HostMount> {
         let data_fs = Arc::clone(&data);
         let (parent, name) = open_parent(mountpoint).map_err(io::Error::other)?;
