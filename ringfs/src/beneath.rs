@@ -177,6 +177,25 @@ impl Tree {
         Ok(File::from(fd))
     }
 
+    /// Opens the regular file `rel` with `flags`, beneath the tree with no symlink, whoever
+    /// owns it, never creating it: for root's own records of a file (a log the journal replays
+    /// into), whose identity the caller checks on the descriptor. Anything but a regular file
+    /// is refused (`EINVAL`) before a byte is read or written.
+    pub fn open_regular(&self, rel: impl AsRef<Path>, flags: OFlags) -> io::Result<File> {
+        let rel = rel.as_ref();
+        let fd = self.at(rel, (flags - OFlags::CREATE - OFlags::TRUNC) | OFlags::NONBLOCK, Mode::empty())?;
+        let st = rustix::fs::fstat(&fd).map_err(err)?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Err(named(
+                &self.shown(rel),
+                io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"),
+            ));
+        }
+        rustix::fs::fcntl_setfl(&fd, rustix::fs::fcntl_getfl(&fd).map_err(err)? & !OFlags::NONBLOCK)
+            .map_err(err)?;
+        Ok(File::from(fd))
+    }
+
     /// Reads at most `max` bytes of the regular file `rel`.
     pub fn read(&self, rel: impl AsRef<Path>, max: u64) -> io::Result<Vec<u8>> {
         let mut out = Vec::new();

@@ -20,6 +20,8 @@
 //! (the same three as one linked io_uring submission), chosen by [`Engine`].
 
 pub mod evidence;
+pub mod format;
+pub mod journal;
 mod portable;
 mod recover;
 #[allow(unsafe_code)]
@@ -36,7 +38,12 @@ use serde::de::IgnoredAny;
 
 use crate::error::{Error, Result};
 use evidence::{Evidence, Mark};
+pub use journal::Journal;
 pub use recover::{Recovery, TORN_SUFFIX, torn_path, verify};
+
+/// The extended attribute that marks a log whose appends go through a journal: its length is
+/// what was acknowledged (the journal's replay saw to it), with no commit evidence of its own.
+pub const JOURNALED_XATTR: &str = "user.cortexfs.journaled";
 
 /// The default longest line: 1 MiB.
 pub const DEFAULT_MAX_LINE: usize = 1 << 20;
@@ -289,6 +296,8 @@ pub struct AppendLog {
     /// The log itself, once [`append_then`](Self::append_then) was called on its `Arc`: what
     /// a commit that finds deferred appends queued behind it hands to the committer.
     me: std::sync::OnceLock<std::sync::Weak<AppendLog>>,
+    /// Set when the log's appends go through a storage's journal.
+    journaled: Option<journal::Journaled>,
 }
 
 impl AppendLog {
@@ -326,9 +335,181 @@ impl AppendLog {
                 done_seq: AtomicU64::new(0),
                 stopped: AtomicBool::new(false),
                 me: std::sync::OnceLock::new(),
+                journaled: None,
             },
             recovery,
         ))
+    }
+
+    /// Opens (creating if missing) the log at `rel` below `journal`'s storage, its appends
+    /// going through `journal`: acknowledged once the journal's batch holding them is durable,
+    /// one flush for any number of logs. A log the journal cannot take (on another filesystem,
+    /// or one that cannot reserve space ahead) is opened as [`open`](Self::open) opens it, with
+    /// a commit of its own per batch; [`journaled`](Self::journaled) tells which.
+    pub fn open_journaled(
+        journal: &Arc<Journal>,
+        rel: &Path,
+        opts: Options,
+    ) -> Result<(Arc<AppendLog>, Recovery)> {
+        let path = journal.root().join(rel);
+        let (file, created) = open_or_create(&path)?;
+        let eligible = file.metadata().ok().map(|m| std::os::unix::fs::MetadataExt::dev(&m))
+            == journal.device()
+            && rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::KEEP_SIZE, 0, 1).is_ok()
+            && rel.as_os_str().len() <= format::MAX_PATH
+            && !rel.as_os_str().is_empty();
+        drop(file);
+        if !eligible {
+            let (log, rec) = AppendLog::open(&path, opts)?;
+            return Ok((Arc::new(log), rec));
+        }
+        let engine =
+            opts.engine.resolve().map_err(|reason| Error::Unsupported { path: path.clone(), reason })?;
+        let (file, _) = open_or_create(&path)?;
+        lock_exclusive(&path, &file)?;
+        let mut marker = [0u8; 8];
+        let marked = rustix::fs::fgetxattr(&file, JOURNALED_XATTR, &mut marker).is_ok();
+        let mut probe = [0u8; 64];
+        let evidence = rustix::fs::fgetxattr(&file, evidence::XATTR, &mut probe).is_ok();
+        let recovery = if marked && !evidence {
+            let end = file.metadata().map_err(|e| Error::io("stat", &path, e))?.len();
+            Recovery { mark: Mark { end, crc: 0 }, created: false, adopted: false, torn: None }
+        } else {
+            // A log that had commits of its own (or none at all): recovered by its evidence
+            // once, then marked as the journal's.
+            let rec = recover::recover(&path, &file, created)?;
+            match rustix::fs::fremovexattr(&file, evidence::XATTR) {
+                Ok(()) | Err(rustix::io::Errno::NODATA) => {}
+                Err(e) => return Err(Error::io("remove evidence", &path, e.into())),
+            }
+            rustix::fs::fsetxattr(&file, JOURNALED_XATTR, b"1", rustix::fs::XattrFlags::empty())
+                .map_err(|e| Error::io("mark journaled", &path, e.into()))?;
+            file.sync_all().map_err(|e| Error::io("sync", &path, e))?;
+            rec
+        };
+        let (ino, born) = journal::identity(&file).map_err(|e| Error::io("stat", &path, e))?;
+        let state = State {
+            pending: Vec::new(),
+            spare: Vec::new(),
+            waiters: Vec::new(),
+            deferred: Vec::new(),
+            spare_deferred: Vec::new(),
+            open_seq: 1,
+            leading: false,
+            acked: recovery.mark,
+            logical_end: recovery.mark.end,
+            stopped: None,
+            batches: 0,
+            settled: true,
+            reserved: recovery.mark.end,
+        };
+        let log = AppendLog {
+            path,
+            file,
+            opts,
+            engine,
+            state: Mutex::new(state),
+            done_seq: AtomicU64::new(0),
+            stopped: AtomicBool::new(false),
+            me: std::sync::OnceLock::new(),
+            journaled: Some(journal::Journaled {
+                journal: Arc::clone(journal),
+                rel: rel.to_path_buf(),
+                ino,
+                born,
+                dirty: AtomicBool::new(false),
+            }),
+        };
+        let log = Arc::new(log);
+        log.me.get_or_init(|| Arc::downgrade(&log));
+        Ok((log, recovery))
+    }
+
+    /// Whether the log's appends go through a journal.
+    pub fn journaled(&self) -> bool {
+        self.journaled.is_some()
+    }
+
+    /// A journaled append: space reserved in the file, then the record queued in the journal,
+    /// both under the log's lock so that records are queued in offset order.
+    fn submit(self: &Arc<Self>, j: &Journal, at: Option<u64>, bytes: &[u8], done: Done) {
+        if let Err(e) = validate(bytes, self.opts.max_line) {
+            return done.finish(Err(e));
+        }
+        let mut st = self.lock();
+        if let Some(reason) = &st.stopped {
+            let e = self.stopped(reason);
+            drop(st);
+            return done.finish(Err(e));
+        }
+        if let Some(offset) = at
+            && offset != st.logical_end
+        {
+            let e = Error::NotAtEnd { offset, end: st.logical_end };
+            drop(st);
+            return done.finish(Err(e));
+        }
+        let offset = st.logical_end;
+        let end = offset + bytes.len() as u64;
+        if end > st.reserved {
+            match self.reserve_strict(st.reserved, end) {
+                Ok(to) => st.reserved = to,
+                Err(e) => {
+                    drop(st);
+                    return done.finish(Err(Error::io("append", &self.path, e)));
+                }
+            }
+        }
+        match j.submit(self, offset, bytes, end, done) {
+            Ok(()) => st.logical_end = end,
+            Err((e, done)) => {
+                drop(st);
+                done.finish(Err(e));
+            }
+        }
+    }
+
+    /// Reserves space up past `need` (from `from`), failing with what the filesystem said
+    /// when it cannot: nothing is journaled that its file might not take.
+    fn reserve_strict(&self, from: u64, need: u64) -> std::io::Result<u64> {
+        const STEP: u64 = 1 << 20;
+        let to = need.div_ceil(STEP) * STEP + STEP;
+        let start = from.max(need.saturating_sub(1) / STEP * STEP);
+        rustix::fs::fallocate(&self.file, rustix::fs::FallocateFlags::KEEP_SIZE, start, to - start)?;
+        Ok(to)
+    }
+
+    /// Writes a journaled record's bytes into the file (its journal batch is durable) and
+    /// acknowledges them; a failure stops the log.
+    fn apply(&self, offset: u64, data: &[u8], end: u64) -> Result<()> {
+        let written = self.file.write_all_at(data, offset);
+        let mut st = self.lock();
+        match written {
+            Ok(()) => {
+                st.acked = Mark { end: st.acked.end.max(end), crc: 0 };
+                st.settled = false;
+                st.batches += 1;
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(path = %self.path.display(), error = %e, "writing a journaled record into its log failed; log stopped");
+                let reason = e.to_string();
+                if st.stopped.is_none() {
+                    st.stopped = Some(reason.clone());
+                }
+                self.stopped.store(true, Ordering::Release);
+                Err(self.stopped(&reason))
+            }
+        }
+    }
+
+    /// Stops the log: its journal stopped.
+    fn stop(&self, reason: &str) {
+        let mut st = self.lock();
+        if st.stopped.is_none() {
+            st.stopped = Some(reason.to_owned());
+        }
+        self.stopped.store(true, Ordering::Release);
     }
 
     /// The log's path.
@@ -393,6 +574,9 @@ impl AppendLog {
     /// thread. A batch that no appender thread leads is committed by a committer thread, so the
     /// caller's thread goes back to its work at once.
     pub fn append_then(self: &Arc<Self>, at: Option<u64>, bytes: &[u8], done: Done) {
+        if let Some(j) = &self.journaled {
+            return self.submit(&j.journal, at, bytes, done);
+        }
         if let Err(e) = validate(bytes, self.opts.max_line) {
             return done.finish(Err(e));
         }
@@ -493,6 +677,14 @@ impl AppendLog {
 
     fn settle(&self) -> Result<()> {
         let mut st = self.lock();
+        if self.journaled.is_some() {
+            // The journal makes the bytes durable; only the space reserved past them goes.
+            if st.reserved > st.acked.end && st.stopped.is_none() {
+                self.file.set_len(st.acked.end).map_err(|e| Error::io("trim", &self.path, e))?;
+                st.reserved = st.acked.end;
+            }
+            return Ok(());
+        }
         if st.settled || st.stopped.is_some() {
             return Ok(());
         }
@@ -527,6 +719,32 @@ impl AppendLog {
     }
 
     fn append_inner(&self, at: Option<u64>, bytes: &[u8]) -> Result<u64> {
+        if let Some(j) = &self.journaled {
+            // Waits on the journal's committer.
+            let me = self
+                .me
+                .get()
+                .and_then(std::sync::Weak::upgrade)
+                .ok_or_else(|| Error::Invalid("a journaled log is used through its Arc".into()))?;
+            let slot = Arc::new((Mutex::new(None::<Result<u64>>), std::sync::Condvar::new()));
+            let told = Arc::clone(&slot);
+            me.submit(
+                &j.journal,
+                at,
+                bytes,
+                Done::Call(Box::new(move |r| {
+                    *told.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(r);
+                    told.1.notify_one();
+                })),
+            );
+            let mut got = slot.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            loop {
+                if let Some(r) = got.take() {
+                    return r;
+                }
+                got = slot.1.wait(got).unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+        }
         validate(bytes, self.opts.max_line)?;
         let mut st = self.lock();
         if let Some(reason) = &st.stopped {
