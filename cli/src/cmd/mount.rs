@@ -268,6 +268,7 @@ fn run_virtiofs(a: &Args, socket: &Path) -> anyhow::Result<()> {
         cache_timeout: std::time::Duration::from_secs(a.cache_timeout),
         ..server::Config::new(a.source.clone(), bins())
     };
+    let logs = Arc::clone(&config.logs);
     let mut signals = Signals::new([SIGINT, SIGTERM])?;
     let daemon = server::transport::virtiofs::Daemon::bind(socket, config, queues).map_err(|e| {
         let code = match e.kind() {
@@ -294,9 +295,11 @@ fn run_virtiofs(a: &Args, socket: &Path) -> anyhow::Result<()> {
     };
     tracing::info!(storage = %a.source.display(), socket = %socket.display(), queues, "serving virtio-fs");
     eprintln!("ctx: serving {} ({who}) over virtio-fs at {}", a.source.display(), socket.display());
-    daemon
+    let served = daemon
         .serve()
-        .map_err(|e| Exit::new(exit::FAILURE, format!("serving virtio-fs on {}: {e}", socket.display())))?;
+        .map_err(|e| Exit::new(exit::FAILURE, format!("serving virtio-fs on {}: {e}", socket.display())));
+    logs.close();
+    served?;
     Ok(())
 }
 
@@ -336,6 +339,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         cache_timeout: std::time::Duration::from_secs(a.cache_timeout),
         ..server::Config::new(a.source.clone(), bins())
     };
+    let logs = Arc::clone(&config.logs);
     let fs = server::CtxFs::new(config.clone())
         .map_err(|e| Exit::io(format!("cannot open storage {}", a.source.display()), &e))?;
     let data = fs.data().map_err(|e| Exit::io(format!("cannot open storage {}", a.source.display()), &e))?;
@@ -395,6 +399,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if let Ok(pool) = Arc::try_unwrap(pool) {
         pool.shutdown();
     }
+    // The last checkpoint: every log durable in its file, the journal empty.
+    logs.close();
     unmounted.map_err(|e| Exit::new(exit::FAILURE, format!("unmounting {}: {e}", mp.display())))?;
     Ok(())
 }

@@ -329,6 +329,9 @@ impl Journal {
     }
 
     fn commit_loop(self: Arc<Self>) {
+        // Kept across batches, so that a batch allocates nothing once they have grown.
+        let mut told: Vec<(Done, Result<u64>, Option<Arc<AppendLog>>)> = Vec::new();
+        let mut writes: Vec<(u64, Piece)> = Vec::with_capacity(4);
         loop {
             let mut st = lock(&self.state);
             while st.entries.is_empty() && !st.closing {
@@ -337,11 +340,11 @@ impl Journal {
             if st.entries.is_empty() {
                 return;
             }
-            let (buf, entries) = take_batch(&mut st, usize::try_from(self.cap / 2).unwrap_or(usize::MAX));
+            let (buf, mut entries) = take_batch(&mut st, usize::try_from(self.cap / 2).unwrap_or(usize::MAX));
             st.busy = true;
             let first_seq = st.head_seq;
             // Where each record goes, and the writes that put them there.
-            let (writes, head) = layout(st.head, self.cap, &buf, &entries, first_seq);
+            let head = layout(st.head, self.cap, &entries, first_seq, &mut writes);
             while head - st.tail > self.cap && st.stopped.is_none() {
                 st.checkpoint_wanted = true;
                 self.checkpoint.notify_one();
@@ -356,12 +359,11 @@ impl Journal {
                     e.to_string()
                 }),
             };
-            let mut told = Vec::with_capacity(entries.len());
             let mut st = lock(&self.state);
             match &written {
                 Ok(()) => {
                     drop(st);
-                    for e in entries {
+                    for e in entries.drain(..) {
                         let r = e.log.apply(e.offset, &buf[e.data.clone()], e.end);
                         told.push((e.done, r.map(|()| e.end), Some(e.log)));
                     }
@@ -390,7 +392,7 @@ impl Journal {
                     // Everything queued behind fails too: the journal takes nothing more.
                     let rest = std::mem::take(&mut st.entries);
                     st.buf.clear();
-                    for e in entries.into_iter().chain(rest) {
+                    for e in entries.drain(..).chain(rest) {
                         e.log.stop(reason);
                         told.push((e.done, Err(self.stopped(reason)), None));
                     }
@@ -400,13 +402,16 @@ impl Journal {
             let mut buf = buf;
             buf.clear();
             st.spare_buf = buf;
+            if st.spare_entries.capacity() < entries.capacity() {
+                st.spare_entries = entries;
+            }
             st.busy = false;
             if st.entries.is_empty() {
                 // `close` waits for the queue to drain.
                 self.space.notify_all();
             }
             drop(st);
-            for (done, r, _) in told {
+            for (done, r, _) in told.drain(..) {
                 if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| done.finish(r))).is_err() {
                     tracing::error!(journal = %self.path.display(), "an append's receiver panicked");
                 }
@@ -511,10 +516,10 @@ enum Piece {
     Pad([u8; HEADER]),
 }
 
-/// Lays the records of `buf` out from logical position `head`: the writes (ring offset and
-/// bytes) and the position after the last record.
-fn layout(head: u64, cap: u64, buf: &[u8], entries: &[Entry], first_seq: u64) -> (Vec<(u64, Piece)>, u64) {
-    let mut writes: Vec<(u64, Piece)> = Vec::with_capacity(2);
+/// Lays the records of a batch out from logical position `head`: the writes (ring offset and
+/// bytes) into `writes`; returns the position after the last record.
+fn layout(head: u64, cap: u64, entries: &[Entry], first_seq: u64, writes: &mut Vec<(u64, Piece)>) -> u64 {
+    writes.clear();
     let mut pos = head;
     for (i, e) in entries.iter().enumerate() {
         let len = e.rec.len() as u64;
@@ -532,8 +537,7 @@ fn layout(head: u64, cap: u64, buf: &[u8], entries: &[Entry], first_seq: u64) ->
         }
         pos = at + len;
     }
-    debug_assert!(buf.len() >= entries.last().map_or(0, |e| e.rec.end));
-    (writes, pos)
+    pos
 }
 
 /// Opens the journal file, creating it (zero-filled, with an empty superblock) when missing.

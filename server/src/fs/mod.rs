@@ -123,8 +123,57 @@ impl Config {
     }
 }
 
-/// Append logs by storage path, shared between the views of one daemon.
-pub type SharedLogs = Arc<Mutex<HashMap<PathBuf, Arc<AppendLog>>>>;
+/// The append logs of one daemon, shared between its views: the open logs by storage path,
+/// and the storage's journal, through which every log appends (opened with the first view).
+#[derive(Debug, Default)]
+pub struct Logs {
+    open: Mutex<HashMap<PathBuf, Arc<AppendLog>>>,
+    journal: std::sync::OnceLock<Option<Arc<ringfs::log::Journal>>>,
+}
+
+/// [`Logs`], shared.
+pub type SharedLogs = Arc<Logs>;
+
+impl Logs {
+    /// The journal of `storage`, opened (and replayed) on first use. A journal that cannot be
+    /// made (a read-only or full filesystem) or is held by another daemon leaves each log
+    /// committing on its own, which is said once; one that cannot be read is an error.
+    fn journal(&self, storage: &Path) -> io::Result<Option<Arc<ringfs::log::Journal>>> {
+        if let Some(j) = self.journal.get() {
+            return Ok(j.clone());
+        }
+        let opened = match ringfs::log::Journal::open(storage, ringfs::log::journal::DEFAULT_CAP) {
+            Ok(j) => Some(j),
+            Err(e @ ringfs::Error::Damaged { .. }) => return Err(io::Error::other(e.to_string())),
+            Err(e) => {
+                tracing::warn!(storage = %storage.display(), error = %e, "no journal: each log commits on its own");
+                None
+            }
+        };
+        Ok(self.journal.get_or_init(|| opened).clone())
+    }
+
+    /// What the journal did, when there is one.
+    pub fn journal_stats(&self) -> Option<ringfs::log::journal::Stats> {
+        self.journal.get().and_then(|j| j.as_ref().map(|j| j.stats()))
+    }
+
+    /// Closes every open log and then the journal (a last checkpoint): called once the daemon
+    /// serves no more requests.
+    pub fn close(&self) {
+        lock(&self.open).clear();
+        if let Some(Some(j)) = self.journal.get()
+            && let Err(e) = j.close()
+        {
+            tracing::error!(error = %e, "closing the journal failed");
+        }
+    }
+
+    /// Closes the logs no open file holds any more.
+    pub fn close_idle(&self) {
+        lock(&self.open).retain(|_, log| Arc::strong_count(log) > 1);
+    }
+}
 
 /// A hook called with the storage path of a data file whose contents changed.
 pub type OnData = Arc<dyn Fn(&Path) + Send + Sync>;
@@ -582,6 +631,8 @@ impl CtxFs {
     /// Opens the storage (creating the root layout when missing).
     pub fn new(config: Config) -> io::Result<CtxFs> {
         let storage = Storage::open(&config.storage)?;
+        // Replayed before anything of the storage is served.
+        config.logs.journal(storage.path())?;
         let mut inodes = Inodes {
             nodes: HashMap::new(),
             by_path: HashMap::new(),
@@ -978,6 +1029,13 @@ impl CtxFs {
         s.push_str(&format!("transport {}\n", w.transport().name()));
         s.push_str(&format!("transport.dev_requests {}\n", w.dev_requests.load(Ordering::Relaxed)));
         s.push_str(&format!("transport.ring_requests {}\n", w.ring_requests.load(Ordering::Relaxed)));
+        match self.logs.journal_stats() {
+            Some(j) => s.push_str(&format!(
+                "journal on\njournal.records {}\njournal.flushes {}\njournal.checkpoints {}\njournal.replayed {}\njournal.skipped {}\n",
+                j.records, j.flushes, j.checkpoints, j.replayed, j.skipped
+            )),
+            None => s.push_str("journal off\n"),
+        }
         s.push_str(&format!("requests {total}\n"));
         for (op, c) in OPS.iter().zip(&self.stats.ops) {
             s.push_str(&format!("op.{op} {}\n", c.load(Ordering::Relaxed)));
@@ -1242,7 +1300,7 @@ impl CtxFs {
 
     /// The open log of a session file, opening (and recovering) it on first use.
     fn log(&self, rel: &Path) -> io::Result<Arc<AppendLog>> {
-        let mut logs = lock(&self.logs);
+        let mut logs = lock(&self.logs.open);
         if let Some(l) = logs.get(rel) {
             // The path may name another file since (an object replaced or reinstalled): then
             // the log is opened anew; handles on the old file keep their own.
@@ -1252,13 +1310,15 @@ impl CtxFs {
             }
             logs.remove(rel);
         }
-        let path = self.storage.path().join(rel);
-        let (log, rec) =
-            AppendLog::open(&path, ringfs::log::Options::default()).map_err(|e| ringfs_errno(&e))?;
+        let opts = ringfs::log::Options::default();
+        let (log, rec) = match self.logs.journal(self.storage.path())? {
+            Some(j) => AppendLog::open_journaled(&j, rel, opts),
+            None => AppendLog::open(self.storage.path().join(rel), opts).map(|(l, r)| (Arc::new(l), r)),
+        }
+        .map_err(|e| ringfs_errno(&e))?;
         if let Some((at, len)) = rec.torn {
             tracing::warn!(log = %rel.display(), at, len, "cut a torn tail");
         }
-        let log = Arc::new(log);
         logs.insert(rel.to_path_buf(), Arc::clone(&log));
         Ok(log)
     }

@@ -312,7 +312,7 @@ fn serve_connection(mut listener: Listener, backend: Arc<Backend>) -> Result<(),
 /// Closes the append logs no open file holds any more (the guest that wrote them is gone);
 /// the next append opens its log again.
 fn close_idle_logs(logs: &SharedLogs) {
-    logs.lock().unwrap_or_else(|p| p.into_inner()).retain(|_, log| Arc::strong_count(log) > 1);
+    logs.close_idle();
 }
 
 /// Whether a daemon answers on the socket at `path`.
