@@ -1,7 +1,10 @@
 //! Test helper: appends records to a ringfs log from N threads and prints `ack ROUND T I` on
 //! stdout after each append is acknowledged. The crash tests kill it at random moments.
 //!
-//! Usage: log-appender PATH ROUND THREADS [portable|uring|nosync]
+//! Usage: log-appender PATH ROUND THREADS [portable|uring|nosync|journal]
+//!
+//! `journal` appends through the journal of PATH's directory (a ring of [`JOURNAL_CAP`]
+//! bytes, so that it is reused within a round), even threads to PATH, odd ones to PATH`.b`.
 //!
 //! `nosync` is the negative control of the power-loss tests: it does not use the log at all,
 //! but appends each record with one plain `write` to a file opened with `O_APPEND` and
@@ -11,7 +14,10 @@ use std::fs::File;
 use std::io::Write;
 use std::sync::Arc;
 
-use ringfs::log::{AppendLog, Engine, Options};
+use ringfs::log::{AppendLog, Engine, Journal, Options};
+
+/// The ring of the journal mode: small, so that checkpoints and reuse happen every round.
+pub const JOURNAL_CAP: u64 = 256 * 1024;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -24,6 +30,7 @@ fn main() {
     let engine = match rest.first().map(String::as_str) {
         Some("uring") => Engine::Uring,
         Some("nosync") => return nosync(path, round, threads),
+        Some("journal") => return journaled(path, round, threads),
         _ => Engine::Portable,
     };
     let log = match AppendLog::open(path, Options { engine, ..Options::default() }) {
@@ -69,6 +76,44 @@ fn record(round: u64, t: u64, i: u64) -> String {
 fn ack(round: u64, t: u64, i: u64) -> bool {
     let mut out = std::io::stdout().lock();
     writeln!(out, "ack {round} {t} {i}").and_then(|()| out.flush()).is_ok()
+}
+
+/// Appends through a journal, to two files.
+fn journaled(path: &str, round: u64, threads: u64) {
+    let path = std::path::Path::new(path);
+    let fail = |e: &dyn std::fmt::Display| -> ! {
+        eprintln!("log-appender: {e}");
+        std::process::exit(1);
+    };
+    let dir = path.parent().unwrap_or_else(|| fail(&"PATH has no directory"));
+    let journal = Journal::open(dir, JOURNAL_CAP).unwrap_or_else(|e| fail(&e));
+    let name = path.file_name().unwrap_or_else(|| fail(&"PATH has no file name"));
+    let second = format!("{}.b", name.to_string_lossy());
+    let logs: Vec<Arc<AppendLog>> = [std::path::Path::new(name), std::path::Path::new(&second)]
+        .iter()
+        .map(|rel| AppendLog::open_journaled(&journal, rel, Options::default()).unwrap_or_else(|e| fail(&e)).0)
+        .collect();
+    if !logs.iter().all(|l| l.journaled()) {
+        fail(&"the logs are not journaled");
+    }
+    println!("ready");
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let log = Arc::clone(&logs[(t % 2) as usize]);
+            std::thread::spawn(move || {
+                for i in 0u64.. {
+                    match log.append(record(round, t, i).as_bytes()) {
+                        Ok(_) if ack(round, t, i) => {}
+                        Ok(_) => return,
+                        Err(e) => fail(&e),
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        let _ = h.join();
+    }
 }
 
 /// The negative control: plain appends, acknowledged before anything is durable.
