@@ -167,3 +167,44 @@ fn eacces_is_exit_13_for_a_user_without_permission() {
     assert!(err.contains("Permission denied"), "{err}");
     assert!(!storage.path().join("tool").exists());
 }
+
+/// The same through a journal: a full filesystem refuses the append (ENOSPC as itself) before
+/// anything is journaled, the log goes on when space returns, and after the journal is opened
+/// again (replayed) the refused records are nowhere and every acknowledged one is there once.
+#[test]
+fn enospc_through_the_journal_refuses_the_append_and_journals_nothing() {
+    use ringfs::log::Journal;
+    let fs_ = Tmpfs::new("1m");
+    let p = fs_.path().join("events.jsonl");
+    let j = Journal::open(fs_.path(), 64 << 10).unwrap();
+    fs::write(fs_.path().join("ballast"), vec![0u8; 64 << 10]).unwrap();
+    let (log, _) = AppendLog::open_journaled(&j, Path::new("events.jsonl"), Options::default()).unwrap();
+    assert!(log.journaled());
+    let mut acked = 0;
+    let err = loop {
+        match log.append(&record(acked)) {
+            Ok(_) => acked += 1,
+            Err(e) => break e,
+        }
+        assert!(acked < 10_000, "a 1 MiB filesystem never filled up");
+    };
+    assert_eq!(err.errno(), libc::ENOSPC, "the writer sees ENOSPC itself: {err}");
+    let records = j.stats().records;
+    assert_eq!(records, acked as u64, "a refused append is not journaled");
+    assert_eq!(log.append(&record(acked)).unwrap_err().errno(), libc::ENOSPC);
+    fs::remove_file(fs_.path().join("ballast")).unwrap();
+    for i in 0..10 {
+        log.append(&record(acked + i)).unwrap();
+    }
+    drop(log);
+    j.close().unwrap();
+    drop(j);
+    let j = Journal::open(fs_.path(), 64 << 10).unwrap();
+    let text = fs::read_to_string(&p).unwrap();
+    assert_eq!(text.lines().count(), acked + 10);
+    for (i, l) in text.lines().enumerate() {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        assert_eq!(v["i"], i);
+    }
+    j.close().unwrap();
+}

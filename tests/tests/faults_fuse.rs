@@ -123,15 +123,32 @@ fn append_until_failure(log: &AppendLog, t: u64, acks: &AtomicU64) -> Outcome {
 /// Four threads append until syncs start failing, then `then` happens, the fault clears and
 /// the log is reopened and checked.
 fn log_under_eio(engine: Engine, then: Then, seed: u64) {
+    log_under_eio_in(engine, then, seed, false);
+}
+
+/// [`log_under_eio`], the log appending through a journal when `journaled`.
+fn log_under_eio_in(engine: Engine, then: Then, seed: u64, journaled: bool) {
+    const CAP: u64 = 256 << 10;
     let started = Instant::now();
     let mnt = PowerlossMount::start(seed);
     let path = mnt.path().join("events.jsonl");
-    let (log, _) = AppendLog::open(&path, Options { engine, ..Options::default() }).unwrap();
+    let journal = journaled.then(|| ringfs::log::Journal::open(mnt.path(), CAP).unwrap());
+    let log = match &journal {
+        Some(j) => {
+            let (log, _) =
+                AppendLog::open_journaled(j, Path::new("events.jsonl"), Options::default()).unwrap();
+            assert!(log.journaled());
+            log
+        }
+        None => {
+            std::sync::Arc::new(AppendLog::open(&path, Options { engine, ..Options::default() }).unwrap().0)
+        }
+    };
     let acks = AtomicU64::new(0);
     let outcomes: Vec<Outcome> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..THREADS)
             .map(|t| {
-                let (log, acks) = (&log, &acks);
+                let (log, acks) = (&*log, &acks);
                 s.spawn(move || append_until_failure(log, t, acks))
             })
             .collect();
@@ -172,6 +189,9 @@ fn log_under_eio(engine: Engine, then: Then, seed: u64) {
     let later_error = outcomes[0].later[0].to_string();
     // Dropping a stopped log does not try to settle it.
     drop(log);
+    if let Some(j) = journal {
+        assert!(j.close().is_err(), "closing a stopped journal says it stopped");
+    }
     let len_at_fault = fs::metadata(&path).unwrap().len();
 
     match then {
@@ -180,8 +200,21 @@ fn log_under_eio(engine: Engine, then: Then, seed: u64) {
         Then::TornPowerLoss => mnt.torn_power_loss(),
     }
     mnt.set_eio(false);
-    let (log, rec) = AppendLog::open(&path, Options::default()).unwrap();
-    log.close().unwrap();
+    let (log, rec) = if journaled {
+        // Replayed: what the journal made durable is written again into the log.
+        let j = ringfs::log::Journal::open(mnt.path(), CAP).unwrap();
+        let (log, rec) =
+            AppendLog::open_journaled(&j, Path::new("events.jsonl"), Options::default()).unwrap();
+        drop(log);
+        j.close().unwrap();
+        (None, rec)
+    } else {
+        let (log, rec) = AppendLog::open(&path, Options::default()).unwrap();
+        (Some(log), rec)
+    };
+    if let Some(log) = log {
+        log.close().unwrap();
+    }
     let bytes = fs::read(&path).unwrap();
     let present = check_records(&bytes, &acked).unwrap_or_else(|e| {
         panic!("{engine:?}, {then:?}: after EIO and reopen, the log lost acknowledged data: {e}")
@@ -211,6 +244,16 @@ fn log_under_eio_stops_and_loses_nothing() {
     log_under_eio(Engine::Portable, Then::Reopen, 101);
     log_under_eio(Engine::Portable, Then::PowerLoss, 102);
     log_under_eio(Engine::Portable, Then::TornPowerLoss, 103);
+}
+
+/// Through a journal: the journal's failed flush stops it (and every log with it), and after
+/// the fault clears and the journal is replayed, nothing acknowledged is lost; after a clean
+/// power loss nothing whose flush failed is there either.
+#[test]
+fn journaled_log_under_eio_stops_and_loses_nothing() {
+    log_under_eio_in(Engine::Portable, Then::Reopen, 121, true);
+    log_under_eio_in(Engine::Portable, Then::PowerLoss, 122, true);
+    log_under_eio_in(Engine::Portable, Then::TornPowerLoss, 123, true);
 }
 
 #[test]

@@ -170,7 +170,8 @@ impl<'a> Run<'a> {
             drop(j);
             self.stats.replays += u64::from(replayed > 0);
             let mut bytes = fs::read(&self.path).map_err(|e| format!("{}: read failed: {e}", context()))?;
-            let b = self.path.with_file_name(format!("{}.b", self.path.file_name().unwrap().to_string_lossy()));
+            let b =
+                self.path.with_file_name(format!("{}.b", self.path.file_name().unwrap().to_string_lossy()));
             bytes.extend(fs::read(&b).map_err(|e| format!("{}: read failed: {e}", context()))?);
             return check_records(&bytes, &self.acked).map(drop).map_err(|e| format!("{}: {e}", context()));
         }
@@ -220,7 +221,11 @@ fn power_loss_rounds(engine: &'static str, loss: Loss, rounds: u64, seed: u64, m
         s.shrunk
     );
     if engine == "journal" {
-        assert!(s.replays * 3 > rounds, "opening the journal replayed records in only {} of {rounds} rounds", s.replays);
+        assert!(
+            s.replays * 3 > rounds,
+            "opening the journal replayed records in only {} of {rounds} rounds",
+            s.replays
+        );
     } else if loss == Loss::Torn {
         assert!(
             s.torn_cut * 5 > rounds,

@@ -263,6 +263,11 @@ impl Journal {
                 let _ = t.join();
             }
         }
+        // The logs it held (written since the last checkpoint, or queued when it stopped) hold
+        // the journal in turn: let both go.
+        let mut st = lock(&self.state);
+        st.dirty.clear();
+        st.entries.clear();
         done
     }
 

@@ -475,8 +475,16 @@ impl AppendLog {
         const STEP: u64 = 1 << 20;
         let to = need.div_ceil(STEP) * STEP + STEP;
         let start = from.max(need.saturating_sub(1) / STEP * STEP);
-        rustix::fs::fallocate(&self.file, rustix::fs::FallocateFlags::KEEP_SIZE, start, to - start)?;
-        Ok(to)
+        let keep = rustix::fs::FallocateFlags::KEEP_SIZE;
+        match rustix::fs::fallocate(&self.file, keep, start, to - start) {
+            Ok(()) => Ok(to),
+            // Short of a step ahead: exactly what this append needs, if that is there.
+            Err(e) if is_full(&e.into()) => {
+                rustix::fs::fallocate(&self.file, keep, from, need - from)?;
+                Ok(need)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Writes a journaled record's bytes into the file (its journal batch is durable) and

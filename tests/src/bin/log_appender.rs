@@ -91,7 +91,9 @@ fn journaled(path: &str, round: u64, threads: u64) {
     let second = format!("{}.b", name.to_string_lossy());
     let logs: Vec<Arc<AppendLog>> = [std::path::Path::new(name), std::path::Path::new(&second)]
         .iter()
-        .map(|rel| AppendLog::open_journaled(&journal, rel, Options::default()).unwrap_or_else(|e| fail(&e)).0)
+        .map(|rel| {
+            AppendLog::open_journaled(&journal, rel, Options::default()).unwrap_or_else(|e| fail(&e)).0
+        })
         .collect();
     if !logs.iter().all(|l| l.journaled()) {
         fail(&"the logs are not journaled");

@@ -675,15 +675,7 @@ impl FileSystem for PowerlossFs {
         self.live()?.sync(ino, !datasync)
     }
 
-    fn fallocate(
-        &self,
-        _ctx: &Context,
-        ino: u64,
-        _h: u64,
-        mode: u32,
-        off: u64,
-        len: u64,
-    ) -> io::Result<()> {
+    fn fallocate(&self, _ctx: &Context, ino: u64, _h: u64, mode: u32, off: u64, len: u64) -> io::Result<()> {
         let st = self.live()?;
         // Space reserved past the end, which a memory filesystem always has: what a log asks
         // for before it journals an append.
