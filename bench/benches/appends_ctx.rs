@@ -197,7 +197,9 @@ fn main() {
                     continue;
                 }
             };
-            let fs = CtxFs::new(Config::new(storage.clone(), Vec::new())).expect("fs");
+            let config = Config::new(storage.clone(), Vec::new());
+            let logs = Arc::clone(&config.logs);
+            let fs = CtxFs::new(config).expect("fs");
             let data = fs.data().expect("data fs");
             let host = pool.mount_host(Arc::new(fs), Arc::new(data), &mnt).expect("mount");
             let log: PathBuf = mnt.join(LOG);
@@ -218,6 +220,8 @@ fn main() {
             row(&name, &c, Some(&format!("{}: a session per writer", transport.name())));
             pool.unmount_host(host).expect("unmount");
             pool.shutdown();
+            // The journal's last checkpoint, and its lock let go for the next transport.
+            logs.close();
             let _ = std::fs::remove_dir_all(storage.join("home/0/agent"));
         }
         report.table(
