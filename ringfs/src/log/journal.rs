@@ -2,11 +2,13 @@
 //! [`AppendLog::open_journaled`] is written here first, and a batch from any number of files
 //! costs one flush.
 //!
-//! - An append is queued as a record (its file, offset and bytes; see [`format`]). One
-//!   committer thread takes everything queued, writes it into the journal's ring (a file
+//! - An append is queued as a record (its file, offset and bytes; see [`format`]). The
+//!   appender that finds the journal idle commits the batch in its own thread; while a batch is
+//!   committed, records queue, and the committer thread takes everything queued as the next
+//!   batch. A batch is written into the journal's ring (a file
 //!   preallocated and zero-filled at creation, so overwriting it allocates nothing and its flush
-//!   commits no filesystem metadata) and flushes once (`fdatasync`); then it writes each
-//!   record's bytes into its file (the page cache) and only then acknowledges them. A log file
+//!   commits no filesystem metadata) and flushed once (`fdatasync`); then each record's
+//!   bytes are written into its file (the page cache), and only then are they acknowledged. A log file
 //!   never holds bytes whose record is not durable.
 //! - Files are made durable at checkpoints, by a thread of their own, when half the ring is in
 //!   use and when the journal closes: every file written since the last checkpoint is synced,
@@ -295,7 +297,9 @@ impl Journal {
 
     /// Queues the record of `bytes` at `offset` of `log` (whose end after it is `end`). Called
     /// with the log's lock held, so that each log's records are queued in offset order. Gives
-    /// `done` back when the journal is stopped or closing.
+    /// `done` back when the journal is stopped or closing. `Ok(true)`: the journal is idle, and
+    /// the caller commits the batch ([`lead_if_idle`](Self::lead_if_idle)) once it has let go
+    /// of the log.
     pub(super) fn submit(
         &self,
         log: &Arc<AppendLog>,
@@ -303,7 +307,7 @@ impl Journal {
         bytes: &[u8],
         end: u64,
         done: Done,
-    ) -> std::result::Result<(), (Error, Done)> {
+    ) -> std::result::Result<bool, (Error, Done)> {
         let Some(j) = &log.journaled else { unreachable!("a journaled log") };
         let mut st = lock(&self.state);
         if let Some(reason) = &st.stopped {
@@ -327,99 +331,124 @@ impl Journal {
             end,
             done,
         });
-        if st.entries.len() == 1 {
-            self.work.notify_one();
-        }
-        Ok(())
+        // A batch being committed: whoever commits it hands this one to the committer after.
+        Ok(st.entries.len() == 1 && !st.busy)
     }
 
     fn commit_loop(self: Arc<Self>) {
         // Kept across batches, so that a batch allocates nothing once they have grown.
-        let mut told: Vec<(Done, Result<u64>, Option<Arc<AppendLog>>)> = Vec::new();
-        let mut writes: Vec<(u64, Piece)> = Vec::with_capacity(4);
+        let mut scratch = Scratch::default();
         loop {
             let mut st = lock(&self.state);
-            while st.entries.is_empty() && !st.closing {
+            while (st.entries.is_empty() || st.busy) && !st.closing {
                 st = self.work.wait(st).unwrap_or_else(std::sync::PoisonError::into_inner);
             }
-            if st.entries.is_empty() {
+            if st.entries.is_empty() || st.busy {
                 return;
             }
-            let (buf, mut entries) = take_batch(&mut st, usize::try_from(self.cap / 2).unwrap_or(usize::MAX));
-            st.busy = true;
-            let first_seq = st.head_seq;
-            // Where each record goes, and the writes that put them there.
-            let head = layout(st.head, self.cap, &entries, first_seq, &mut writes);
-            while head - st.tail > self.cap && st.stopped.is_none() {
-                st.checkpoint_wanted = true;
-                self.checkpoint.notify_one();
-                st = self.space.wait(st).unwrap_or_else(std::sync::PoisonError::into_inner);
-            }
-            let stopped = st.stopped.clone();
-            drop(st);
-            let written = match stopped {
-                Some(reason) => Err(reason),
-                None => self.write_batch(&buf, &writes).map_err(|e| {
-                    tracing::error!(journal = %self.path.display(), error = %e, "journal write failed; journal stopped");
-                    e.to_string()
-                }),
-            };
-            let mut st = lock(&self.state);
-            match &written {
-                Ok(()) => {
-                    drop(st);
-                    for e in entries.drain(..) {
-                        let r = e.log.apply(e.offset, &buf[e.data.clone()], e.end);
-                        told.push((e.done, r.map(|()| e.end), Some(e.log)));
-                    }
-                    st = lock(&self.state);
-                    st.head = head;
-                    st.head_seq = first_seq + told.len() as u64;
-                    st.stats.flushes += 1;
-                    st.stats.records += told.len() as u64;
-                    for (_, _, log) in &mut told {
-                        if let Some(l) = log.take()
-                            && let Some(j) = &l.journaled
-                            && !j.dirty.swap(true, Ordering::AcqRel)
-                        {
-                            st.dirty.push(l);
-                        }
-                    }
-                    if (head - st.tail) * 2 > self.cap && !st.checkpoint_wanted {
-                        st.checkpoint_wanted = true;
-                        self.checkpoint.notify_one();
+            self.commit_batch(st, &mut scratch);
+        }
+    }
+
+    /// Commits the queued batch in the calling thread when no batch is being committed: an
+    /// append that finds the journal idle is flushed by its own thread, with no hand-off to the
+    /// committer (which takes the batches queued meanwhile).
+    pub(super) fn lead_if_idle(&self) {
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+        }
+        let st = lock(&self.state);
+        if st.busy || st.entries.is_empty() || st.closing {
+            return;
+        }
+        SCRATCH.with(|s| match s.try_borrow_mut() {
+            Ok(mut s) => self.commit_batch(st, &mut s),
+            // Called again from a receiver told by this thread's commit: the committer takes it.
+            Err(_) => self.work.notify_one(),
+        });
+    }
+
+    /// Takes the queued batch (there is one, and none is being committed), writes it, flushes,
+    /// applies it to its files and tells its appenders.
+    fn commit_batch(&self, mut st: MutexGuard<'_, State>, scratch: &mut Scratch) {
+        let Scratch { told, writes } = scratch;
+        let (buf, mut entries) = take_batch(&mut st, usize::try_from(self.cap / 2).unwrap_or(usize::MAX));
+        st.busy = true;
+        let first_seq = st.head_seq;
+        // Where each record goes, and the writes that put them there.
+        let head = layout(st.head, self.cap, &entries, first_seq, writes);
+        while head - st.tail > self.cap && st.stopped.is_none() {
+            st.checkpoint_wanted = true;
+            self.checkpoint.notify_one();
+            st = self.space.wait(st).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        let stopped = st.stopped.clone();
+        drop(st);
+        let written = match stopped {
+            Some(reason) => Err(reason),
+            None => self.write_batch(&buf, writes).map_err(|e| {
+                tracing::error!(journal = %self.path.display(), error = %e, "journal write failed; journal stopped");
+                e.to_string()
+            }),
+        };
+        let mut st = lock(&self.state);
+        match &written {
+            Ok(()) => {
+                drop(st);
+                for e in entries.drain(..) {
+                    let r = e.log.apply(e.offset, &buf[e.data.clone()], e.end);
+                    told.push((e.done, r.map(|()| e.end), Some(e.log)));
+                }
+                st = lock(&self.state);
+                st.head = head;
+                st.head_seq = first_seq + told.len() as u64;
+                st.stats.flushes += 1;
+                st.stats.records += told.len() as u64;
+                for (_, _, log) in told.iter_mut() {
+                    if let Some(l) = log.take()
+                        && let Some(j) = &l.journaled
+                        && !j.dirty.swap(true, Ordering::AcqRel)
+                    {
+                        st.dirty.push(l);
                     }
                 }
-                Err(reason) => {
-                    if st.stopped.is_none() {
-                        st.stopped = Some(reason.clone());
-                    }
-                    // Everything queued behind fails too: the journal takes nothing more.
-                    let rest = std::mem::take(&mut st.entries);
-                    st.buf.clear();
-                    for e in entries.drain(..).chain(rest) {
-                        e.log.stop(reason);
-                        told.push((e.done, Err(self.stopped(reason)), None));
-                    }
-                    self.space.notify_all();
+                if (head - st.tail) * 2 > self.cap && !st.checkpoint_wanted {
+                    st.checkpoint_wanted = true;
+                    self.checkpoint.notify_one();
                 }
             }
-            let mut buf = buf;
-            buf.clear();
-            st.spare_buf = buf;
-            if st.spare_entries.capacity() < entries.capacity() {
-                st.spare_entries = entries;
-            }
-            st.busy = false;
-            if st.entries.is_empty() {
-                // `close` waits for the queue to drain.
+            Err(reason) => {
+                if st.stopped.is_none() {
+                    st.stopped = Some(reason.clone());
+                }
+                // Everything queued behind fails too: the journal takes nothing more.
+                let rest = std::mem::take(&mut st.entries);
+                st.buf.clear();
+                for e in entries.drain(..).chain(rest) {
+                    e.log.stop(reason);
+                    told.push((e.done, Err(self.stopped(reason)), None));
+                }
                 self.space.notify_all();
             }
-            drop(st);
-            for (done, r, _) in told.drain(..) {
-                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| done.finish(r))).is_err() {
-                    tracing::error!(journal = %self.path.display(), "an append's receiver panicked");
-                }
+        }
+        let mut buf = buf;
+        buf.clear();
+        st.spare_buf = buf;
+        if st.spare_entries.capacity() < entries.capacity() {
+            st.spare_entries = entries;
+        }
+        st.busy = false;
+        if st.entries.is_empty() {
+            // `close` waits for the queue to drain.
+            self.space.notify_all();
+        } else {
+            // Queued meanwhile: the committer takes it.
+            self.work.notify_one();
+        }
+        drop(st);
+        for (done, r, _) in told.drain(..) {
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| done.finish(r))).is_err() {
+                tracing::error!(journal = %self.path.display(), "an append's receiver panicked");
             }
         }
     }
@@ -513,6 +542,13 @@ fn take_batch(st: &mut State, max: usize) -> (Vec<u8>, Vec<Entry>) {
         st.entries = rest;
     }
     (buf, entries)
+}
+
+/// What committing a batch reuses from one batch to the next.
+#[derive(Default)]
+struct Scratch {
+    told: Vec<(Done, Result<u64>, Option<Arc<AppendLog>>)>,
+    writes: Vec<(u64, Piece)>,
 }
 
 /// A piece of a batch's writes.

@@ -461,7 +461,13 @@ impl AppendLog {
             }
         }
         match j.submit(self, offset, bytes, end, done) {
-            Ok(()) => st.logical_end = end,
+            Ok(lead) => {
+                st.logical_end = end;
+                drop(st);
+                if lead {
+                    j.lead_if_idle();
+                }
+            }
             Err((e, done)) => {
                 drop(st);
                 done.finish(Err(e));
