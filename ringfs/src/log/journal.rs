@@ -2,7 +2,8 @@
 //! [`AppendLog::open_journaled`] is written here first, and a batch from any number of files
 //! costs one flush.
 //!
-//! - An append is queued as a record (its file, offset and bytes; see [`format`]). The
+//! - An append is queued as a record (its file, offset and bytes; see the format module,
+//!   [`super::format`]). The
 //!   appender that finds the journal idle commits the batch in its own thread; while a batch is
 //!   committed, records queue, and the committer thread takes everything queued as the next
 //!   batch. A batch is written into the journal's ring (a file
