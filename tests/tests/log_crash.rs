@@ -236,9 +236,11 @@ fn daemon_killed_while_64_writers_append_keeps_each_acknowledged_record_once() {
     });
     s.spawn();
     let status = fs::read_to_string(s.p("status")).unwrap();
-    let replayed =
-        status.lines().find_map(|l| l.strip_prefix("journal.replayed ")).map(|n| n.parse::<u64>().unwrap());
-    assert!(replayed.is_some_and(|n| n > 0), "the journal was replayed: {status}");
+    // kill -9 keeps the page cache: the records are found after the journal's tail, already in
+    // their files, and written again only where a file lacks one.
+    let found =
+        status.lines().find_map(|l| l.strip_prefix("journal.found ")).map(|n| n.parse::<u64>().unwrap());
+    assert!(found.is_some_and(|n| n > 0), "the journal was read at the start: {status}");
     let mut total = 0;
     for (w, count) in acked.iter().enumerate() {
         let acked = count.load(Ordering::Acquire);

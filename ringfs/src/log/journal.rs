@@ -49,7 +49,9 @@ pub struct Stats {
     pub records: u64,
     /// Checkpoints completed.
     pub checkpoints: u64,
-    /// Records replayed at open.
+    /// Records found after the tail at open (acknowledged or not, in their files or not).
+    pub found: u64,
+    /// Records written again at open: their files lacked them.
     pub replayed: u64,
     /// Records skipped at open (their file gone or another one).
     pub skipped: u64,
@@ -147,7 +149,7 @@ impl Journal {
         let scan = format::scan(&image).map_err(|reason| Error::Damaged { path: path.clone(), reason })?;
         let (replayed, skipped) = replay(root, &scan.records)?;
         if !scan.records.is_empty() {
-            tracing::info!(journal = %path.display(), replayed, skipped, "replayed the journal");
+            tracing::info!(journal = %path.display(), found = scan.records.len(), replayed, skipped, "replayed the journal");
         }
         let sup = scan.sup;
         let j = Arc::new(Journal {
@@ -172,7 +174,7 @@ impl Journal {
                 completed: 0,
                 closing: false,
                 stopped: None,
-                stats: Stats { replayed, skipped, ..Stats::default() },
+                stats: Stats { found: scan.records.len() as u64, replayed, skipped, ..Stats::default() },
             }),
             work: Condvar::new(),
             space: Condvar::new(),
@@ -632,7 +634,8 @@ fn open_file(path: &Path, cap: u64) -> Result<(File, bool)> {
 }
 
 /// Writes each record's data into its file (beneath `root`, no symlink followed) at its
-/// offset, then syncs the files written. Returns how many records were replayed and skipped.
+/// offset where the file lacks it, then syncs the files written. Returns how many records were
+/// written and how many skipped.
 fn replay(root: &Path, records: &[Record<'_>]) -> Result<(u64, u64)> {
     if records.is_empty() {
         return Ok((0, 0));
@@ -643,7 +646,7 @@ fn replay(root: &Path, records: &[Record<'_>]) -> Result<(u64, u64)> {
     for r in records {
         let f = files.entry(r.path).or_insert_with(|| {
             let rel = Path::new(std::ffi::OsStr::from_bytes(r.path));
-            match tree.open_regular(rel, rustix::fs::OFlags::WRONLY) {
+            match tree.open_regular(rel, rustix::fs::OFlags::RDWR) {
                 Ok(f) => Some(f),
                 Err(e) => {
                     tracing::warn!(file = %rel.display(), error = %e, "a journaled file is gone; its records are skipped");
@@ -664,6 +667,20 @@ fn replay(root: &Path, records: &[Record<'_>]) -> Result<(u64, u64)> {
             continue;
         }
         let path = root.join(std::ffi::OsStr::from_bytes(r.path));
+        // What the file holds where the record goes: the record itself (nothing to do), zeros
+        // or nothing (lost with the page cache: written again), or other lines (another writer
+        // appended there since, without this journal: never written over).
+        let held = usize::try_from(len.min(r.offset + r.data.len() as u64) - r.offset).unwrap_or(0);
+        let mut there = vec![0u8; held];
+        file.read_exact_at(&mut there, r.offset).map_err(|e| Error::io("replay", &path, e))?;
+        if held == r.data.len() && there == r.data {
+            continue;
+        }
+        if there.iter().zip(r.data).any(|(a, b)| *a != 0 && a != b) {
+            tracing::warn!(file = %path.display(), offset = r.offset, "a journaled record's place holds other lines; it is skipped");
+            skipped += 1;
+            continue;
+        }
         file.write_all_at(r.data, r.offset).map_err(|e| Error::io("replay", &path, e))?;
         replayed += 1;
     }
@@ -831,6 +848,28 @@ mod tests {
         a3.append(&line(0, 40)).unwrap();
         drop(a3);
         j3.close().unwrap();
+    }
+
+    /// A record whose place in its file holds other lines (written there since without the
+    /// journal) is never written over; zeros where it goes (lost data) are.
+    #[test]
+    fn replay_never_writes_over_other_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(dir.path(), 1 << 20).unwrap();
+        let (a, _) = AppendLog::open_journaled(&j, Path::new("a.jsonl"), Options::default()).unwrap();
+        let (b, _) = AppendLog::open_journaled(&j, Path::new("b.jsonl"), Options::default()).unwrap();
+        a.append(b"{\"a\":1}\n").unwrap();
+        b.append(b"{\"b\":1}\n").unwrap();
+        j.crash();
+        drop((a, b, j));
+        std::fs::write(dir.path().join("a.jsonl"), b"{\"x\":9}\n").unwrap();
+        let f = std::fs::OpenOptions::new().write(true).open(dir.path().join("b.jsonl")).unwrap();
+        f.write_all_at(&[0u8; 8], 0).unwrap();
+        let j = Journal::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!((j.stats().found, j.stats().replayed, j.stats().skipped), (2, 1, 1));
+        assert_eq!(std::fs::read(dir.path().join("a.jsonl")).unwrap(), b"{\"x\":9}\n");
+        assert_eq!(std::fs::read(dir.path().join("b.jsonl")).unwrap(), b"{\"b\":1}\n");
+        j.close().unwrap();
     }
 
     #[test]

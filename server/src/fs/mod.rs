@@ -136,8 +136,8 @@ pub type SharedLogs = Arc<Logs>;
 
 impl Logs {
     /// The journal of `storage`, opened (and replayed) on first use. A journal that cannot be
-    /// made (a read-only or full filesystem) or is held by another daemon leaves each log
-    /// committing on its own, which is said once; one that cannot be read is an error.
+    /// made (a read-only or full filesystem) or that another daemon of the storage holds leaves
+    /// each log committing on its own, which is said once; one that cannot be read is an error.
     fn journal(&self, storage: &Path) -> io::Result<Option<Arc<ringfs::log::Journal>>> {
         if let Some(j) = self.journal.get() {
             return Ok(j.clone());
@@ -169,8 +169,15 @@ impl Logs {
         }
     }
 
-    /// Closes the logs no open file holds any more.
+    /// Closes the logs no open file holds any more. The journal holds the logs written since
+    /// its last checkpoint until the next: one is made, so that their files close now.
     pub fn close_idle(&self) {
+        if !lock(&self.open).is_empty()
+            && let Some(Some(j)) = self.journal.get()
+            && let Err(e) = j.checkpoint()
+        {
+            tracing::warn!(error = %e, "a checkpoint of the journal failed");
+        }
         lock(&self.open).retain(|_, log| Arc::strong_count(log) > 1);
     }
 }
@@ -1031,8 +1038,8 @@ impl CtxFs {
         s.push_str(&format!("transport.ring_requests {}\n", w.ring_requests.load(Ordering::Relaxed)));
         match self.logs.journal_stats() {
             Some(j) => s.push_str(&format!(
-                "journal on\njournal.records {}\njournal.flushes {}\njournal.checkpoints {}\njournal.replayed {}\njournal.skipped {}\n",
-                j.records, j.flushes, j.checkpoints, j.replayed, j.skipped
+                "journal on\njournal.records {}\njournal.flushes {}\njournal.checkpoints {}\njournal.found {}\njournal.replayed {}\njournal.skipped {}\n",
+                j.records, j.flushes, j.checkpoints, j.found, j.replayed, j.skipped
             )),
             None => s.push_str("journal off\n"),
         }
