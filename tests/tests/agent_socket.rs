@@ -774,3 +774,40 @@ fn cancelling_a_joined_turn_ends_the_turn_and_never_the_terminal() {
     let _ = ctx(&["agent", "stop", "sockrt", "--session", "hl", "--control", &control], &[], "");
     let _ = run.wait();
 }
+
+/// At most 16 turns of one agent run at once: of 17 sent together, each in a session of its
+/// own, 16 run and the 17th is refused at once with `EAGAIN`; once they have ended, a turn runs
+/// again.
+#[test]
+fn seventeen_turns_at_once_run_sixteen_and_refuse_one_with_eagain() {
+    let ep = Endpoint::start("true", "unused");
+    let h = host(&ep);
+    let cwd = h.work.display().to_string();
+    let tag = tests::unique("lim");
+    // A connection each: a connection's turns follow one another.
+    let send = |i: usize| {
+        let mut c = Client::to(&h, "sockrt");
+        c.send(json!({"op": "send", "id": format!("t{i}"), "session": format!("{tag}{i}"), "cwd": cwd,
+            "input": "wait then answer"}));
+        c
+    };
+    let mut running: Vec<Client> = (0..16).map(send).collect();
+    for (i, c) in running.iter_mut().enumerate() {
+        let f = c.until(|f| {
+            f["type"] == "error"
+                || f["type"] == "delta" && f["text"].as_str().unwrap_or("").contains("waiting")
+        });
+        assert_eq!(f.last().unwrap()["type"], "delta", "turn {i} of the first 16 was refused: {f:?}");
+    }
+    let mut c = send(16);
+    let f = c.until(|f| ["error", "done", "delta"].contains(&f["type"].as_str().unwrap_or("")));
+    let first = f.last().unwrap();
+    assert_eq!((&first["type"], &first["code"]), (&json!("error"), &json!("EAGAIN")), "{f:?}");
+    fs::write(h.work.join("go"), "").unwrap();
+    for (i, c) in running.iter_mut().enumerate() {
+        let id = format!("t{i}");
+        assert_eq!(c.until(done(&id)).last().unwrap()["status"], "ok", "turn {i}");
+    }
+    let mut c = send(17);
+    assert_eq!(c.until(done("t17")).last().unwrap()["status"], "ok", "a turn runs again");
+}

@@ -1342,3 +1342,72 @@ fn a_mount_in_a_session_is_never_crossed_by_the_launcher() {
     assert_eq!(after, before, "the mount's root keeps its owner, group and mode");
     assert!(names.is_empty(), "nothing was made in it: {names:?}");
 }
+
+/// The `run.end` events of session `s` of coder, and its `state`.
+fn ends_of(w: &World, s: &str) -> (Vec<serde_json::Value>, String) {
+    let dir = w.s.storage.join(format!("home/1000/agent/coder/session/{s}"));
+    let events = fs::read_to_string(dir.join("events.jsonl")).unwrap_or_default();
+    let ends = events
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["type"] == "run.end")
+        .collect();
+    (ends, fs::read_to_string(dir.join("state")).unwrap_or_default())
+}
+
+/// Every run ends with one `run.end` event: an operator's stop says `stopped`, who stopped it,
+/// the exit code and how long it ran, and leaves the session `stopped`; a run that ends by
+/// itself says `done`. `ctx agent rm` refuses an agent while it runs; `--force --yes` stops it
+/// first.
+#[test]
+fn a_stopped_run_says_who_stopped_it_and_a_running_agent_is_not_removed() {
+    let w = World::new();
+    let st = w.s.storage.to_str().unwrap().to_owned();
+    let rm = |extra: &[&str]| {
+        Command::new(tests::bin("ctx"))
+            .args(["agent", "rm", "coder", "--source", &st, "--control"])
+            .arg(&w.s.control)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let s = session("end");
+    let out = w.start(&s, &[], &["/bin/sleep", "600"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let o = rm(&["--yes"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("is running") && text(&o).contains(&s), "{}", text(&o));
+    assert!(w.s.storage.join("agent/coder").exists(), "a running agent is kept");
+    let o = w.stop(&s);
+    assert!(o.status.success(), "{}", text(&o));
+    let (ends, state) = ends_of(&w, &s);
+    assert_eq!(state, "stopped\n");
+    assert_eq!(ends.len(), 1, "{ends:?}");
+    assert_eq!(ends[0]["status"], "stopped");
+    assert!(ends[0]["stopped_by"].as_str().is_some_and(|b| b.contains("operator")), "{}", ends[0]);
+    assert!(
+        ends[0]["code"].is_i64() && ends[0]["duration_ms"].as_f64().is_some_and(|d| d > 0.0),
+        "{}",
+        ends[0]
+    );
+
+    let s2 = session("end2");
+    let out = w.start(&s2, &["--wait"], &["/bin/true"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let (ends, state) = ends_of(&w, &s2);
+    assert_eq!(state, "done\n");
+    assert_eq!(ends.len(), 1, "{ends:?}");
+    assert_eq!(
+        (&ends[0]["status"], &ends[0]["code"], &ends[0]["stopped_by"]),
+        (&"done".into(), &0.into(), &serde_json::Value::Null)
+    );
+
+    let s3 = session("end3");
+    let out = w.start(&s3, &[], &["/bin/sleep", "600"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let o = rm(&["--force", "--yes"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains(&format!("stopped agent coder session {s3}")), "{}", text(&o));
+    assert!(!w.s.storage.join("agent/coder").exists(), "removed once stopped");
+    assert_eq!(ends_of(&w, &s3).1, "stopped\n");
+}

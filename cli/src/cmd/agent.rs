@@ -64,6 +64,7 @@ pub enum Cmd {
         json: bool,
     },
     /// Remove agent/NAME: its executable first, then its controls. Shows the plan unless --yes.
+    /// A running agent is refused unless --force, which stops its runs first.
     Rm {
         #[command(flatten)]
         at: At,
@@ -73,6 +74,13 @@ pub enum Cmd {
         /// Do it (without this, only print the plan).
         #[arg(long)]
         yes: bool,
+        /// Stop the agent's running sessions first (without this, a running agent is refused).
+        #[arg(long)]
+        force: bool,
+        /// The control socket of the daemon whose runs are looked at (its runtime directory
+        /// holds them).
+        #[arg(long, default_value = policy::runtime::CONTROL_SOCKET)]
+        control: PathBuf,
     },
     /// Grant agent NAME a permission: `allow LABEL CLASS:OBJECT PERM` in its policy, and for a
     /// tool in the tool's own policy too (both must agree for the tool to run).
@@ -120,23 +128,30 @@ pub enum Cmd {
     /// Start the agent's terminal in a bubblewrap sandbox; returns once it answers.
     Start(StartArgs),
     /// Stop a running agent session: SIGTERM, the grace period, SIGKILL; view and socket removed.
+    /// With --all, every running session (of NAME, or of every agent), in parallel.
     Stop {
-        /// The agent.
-        #[arg(add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::agents))]
-        name: String,
+        /// The agent (with --all: only its sessions; without NAME, every agent's).
+        #[arg(required_unless_present = "all", add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::agents))]
+        name: Option<String>,
         /// The session.
-        #[arg(long, default_value = "default", add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::sessions))]
+        #[arg(long, default_value = "default", conflicts_with = "all", add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::sessions))]
         session: String,
+        /// Every running session of NAME (or of every agent), stopped in parallel.
+        #[arg(long)]
+        all: bool,
         /// The control socket of the daemon whose runs these are (its runtime directory holds
         /// them).
         #[arg(long, default_value = policy::runtime::CONTROL_SOCKET)]
         control: PathBuf,
     },
-    /// List running agent sessions: AGENT, SESSION, supervisor PID.
+    /// List running agent sessions: AGENT, SESSION, supervisor PID, STATE, SINCE.
     Ps {
-        /// Print a JSON array of {"agent","session","pid"} objects.
+        /// Print a JSON array of {"agent","session","pid","state","exit","since"} objects.
         #[arg(long)]
         json: bool,
+        /// Ended runs too (STATE `exited N`; SINCE when it ended).
+        #[arg(long)]
+        all: bool,
         /// The control socket of the daemon whose runs these are (its runtime directory holds
         /// them).
         #[arg(long, default_value = policy::runtime::CONTROL_SOCKET)]
@@ -556,6 +571,85 @@ fn inspect(storage: &Path, name: &str, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `ctx agent stop --all [NAME]`: every running session (of NAME), each stopped by a thread of
+/// its own; a line per run, in the order they ended. Fails (1) when one could not be stopped.
+fn stop_all(control: &Path, name: Option<&str>) -> anyhow::Result<()> {
+    let runs: Vec<(String, String)> = launch::running(control)
+        .into_iter()
+        .filter(|(a, _, _)| name.is_none_or(|n| n == a))
+        .map(|(a, s, _)| (a, s))
+        .collect();
+    let by = operator();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|sc| {
+        for (a, s) in &runs {
+            let (tx, by) = (tx.clone(), &by);
+            sc.spawn(move || {
+                let _ = tx.send((a, s, launch::stop(control, a, s, by)));
+            });
+        }
+        drop(tx);
+        let mut failed = 0;
+        for (a, s, r) in rx {
+            match r {
+                Ok(code) => out::line(format_args!("stopped agent {a} session {s} (status {code})"))?,
+                Err(e) => {
+                    failed += 1;
+                    eprintln!("ctx: agent {a} session {s}: {e}");
+                }
+            }
+        }
+        if failed > 0 {
+            return Err(Exit::quiet(exit::FAILURE).into());
+        }
+        Ok(())
+    })
+}
+
+/// `ctx agent ps [--all] [--json]`.
+fn ps(control: &Path, json: bool, all: bool) -> anyhow::Result<()> {
+    let runs: Vec<launch::RunInfo> =
+        launch::runs(control).into_iter().filter(|r| all || r.pid.is_some()).collect();
+    let state = |r: &launch::RunInfo| match (r.pid, r.exit) {
+        (Some(_), _) => "running".to_owned(),
+        (None, Some(code)) => format!("exited {code}"),
+        (None, None) => "unknown".to_owned(),
+    };
+    let since = |r: &launch::RunInfo| {
+        r.since.and_then(|t| u64::try_from(t).ok()).map(|t| {
+            humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_secs(t))
+                .to_string()
+        })
+    };
+    if json {
+        let v: Vec<serde_json::Value> = runs
+            .iter()
+            .map(|r| {
+                serde_json::json!({"agent": r.agent, "session": r.session, "pid": r.pid,
+                    "state": if r.pid.is_some() { "running" } else { "exited" }, "exit": r.exit, "since": since(r)})
+            })
+            .collect();
+        return out::line(serde_json::Value::Array(v));
+    }
+    let mut list = out::Listing::new("AGENT\tSESSION\tPID\tSTATE\tSINCE");
+    for r in &runs {
+        let pid = r.pid.map_or_else(|| "-".to_owned(), |p| p.to_string());
+        list.row(format_args!(
+            "{}\t{}\t{pid}\t{}\t{}",
+            r.agent,
+            r.session,
+            state(r),
+            since(r).unwrap_or_else(|| "-".into())
+        ))?;
+    }
+    Ok(())
+}
+
+/// Who an operator's `ctx agent stop` says stopped a run.
+fn operator() -> String {
+    format!("operator (uid {}, ctx agent stop)", rustix::process::getuid().as_raw())
+}
+
 fn rm(storage: &Path, name: &str, yes: bool) -> anyhow::Result<()> {
     for line in agents::remove(storage, name, yes).map_err(exit::launch)? {
         out::line(line)?;
@@ -609,9 +703,14 @@ fn routed(ctx: &tsh::context::Context, cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Start(a) => {
             through_tool(ctx, "agent.start", json!({"name": a.name, "session": a.session, "cmd": a.cmd}))
         }
-        Cmd::Stop { name, session, .. } => {
+        Cmd::Stop { name: Some(name), session, all: false, .. } => {
             through_tool(ctx, "agent.stop", json!({"name": name, "session": session}))
         }
+        Cmd::Stop { .. } => Err(Exit::new(
+            exit::INVALID,
+            "inside an agent's terminal, ctx agent stop takes one NAME (agent.stop stops the runs it started)",
+        )
+        .into()),
         _ => Ok(()),
     }
 }
@@ -627,7 +726,32 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::New(a) => new(a),
         Cmd::Ls { at, json } => ls(&at.source, json),
         Cmd::Inspect { at, name, json } => inspect(&at.source, &name, json),
-        Cmd::Rm { at, name, yes } => rm(&at.source, &name, yes),
+        Cmd::Rm { at, name, yes, force, control } => {
+            let running: Vec<String> = launch::running(&control)
+                .into_iter()
+                .filter(|(a, _, _)| *a == name)
+                .map(|(_, s, _)| s)
+                .collect();
+            if !running.is_empty() && !force {
+                return Err(Exit::new(
+                    exit::FAILURE,
+                    format!(
+                        "agent {name} is running (session {}): stop it first (ctx agent stop), or --force stops it",
+                        running.join(", ")
+                    ),
+                )
+                .into());
+            }
+            for s in &running {
+                if yes {
+                    let code = launch::stop(&control, &name, s, &operator()).map_err(exit::launch)?;
+                    out::line(format_args!("stopped agent {name} session {s} (status {code})"))?;
+                } else {
+                    out::line(format_args!("would stop agent {name} session {s}"))?;
+                }
+            }
+            rm(&at.source, &name, yes)
+        }
         Cmd::Grant { at, name, object, perm } => {
             for line in agents::grant(&at.source, &name, &object, &perm).map_err(exit::launch)? {
                 out::line(line)?;
@@ -685,25 +809,13 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                 launch::supervise::Started::Ended => Ok(()),
             }
         }
-        Cmd::Stop { name, session, control } => {
-            let code = launch::stop(&control, &name, &session).map_err(exit::launch)?;
+        Cmd::Stop { name: Some(name), session, all: false, control } => {
+            let code = launch::stop(&control, &name, &session, &operator()).map_err(exit::launch)?;
             out::line(format_args!("stopped agent {name} session {session} (status {code})"))
         }
-        Cmd::Ps { json, control } => {
-            let runs = launch::running(&control);
-            if json {
-                let v: Vec<serde_json::Value> = runs
-                    .iter()
-                    .map(|(agent, session, pid)| serde_json::json!({"agent": agent, "session": session, "pid": pid}))
-                    .collect();
-                return out::line(serde_json::Value::Array(v));
-            }
-            let mut list = out::Listing::new("AGENT\tSESSION\tPID");
-            for (agent, session, pid) in runs {
-                list.row(format_args!("{agent}\t{session}\t{pid}"))?;
-            }
-            Ok(())
-        }
+        Cmd::Stop { name, all: true, control, .. } => stop_all(&control, name.as_deref()),
+        Cmd::Stop { name: None, .. } => Err(Exit::new(exit::INVALID, "ctx agent stop: NAME or --all").into()),
+        Cmd::Ps { json, all, control } => ps(&control, json, all),
         Cmd::Watch { name, session, control } => {
             launch::terminal::relay(&control, &name, &session, false, &mut std::io::stdout())
                 .map_err(exit::launch)

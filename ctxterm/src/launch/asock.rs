@@ -525,7 +525,8 @@ impl Server {
                         let _ = j.shutdown(std::net::Shutdown::Both);
                     }
                 } else if running {
-                    let _ = super::stop(&self.control, &t.agent, &t.session);
+                    let _ =
+                        super::stop(&self.control, &t.agent, &t.session, "a cancel through the agent socket");
                     if let Some(pid) = t.state.lock().unwrap_or_else(|e| e.into_inner()).child
                         && let Some(p) = rustix::process::Pid::from_raw(pid as i32)
                     {
@@ -730,7 +731,8 @@ impl Server {
                 };
                 let Some(pid) = child else { return };
                 if cancelled {
-                    let stopped = super::stop(&control, &agent, &session).is_ok();
+                    let stopped =
+                        super::stop(&control, &agent, &session, "a cancel through the agent socket").is_ok();
                     if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
                         let _ = rustix::process::kill_process_group(p, rustix::process::Signal::TERM);
                     }

@@ -49,7 +49,7 @@ use std::io;
 use std::path::PathBuf;
 
 pub use contract::{Contract, RESERVED_ENV, SANDBOX_UMASK, Start};
-pub use rundir::{exit_of, running, stop};
+pub use rundir::{RunInfo, exit_of, running, runs, stop};
 pub use supervise::{start, start_owned, supervise};
 
 /// Exit codes (policy::exit).

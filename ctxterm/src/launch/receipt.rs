@@ -329,7 +329,8 @@ impl Run {
         if matches!(self.child_status(child, session).as_str(), "done" | "error" | "cancelled") {
             return;
         }
-        if let Err(e) = rundir::stop(&self.control, child, session) {
+        let by = format!("agent {} session {}, its parent run", self.agent, self.session);
+        if let Err(e) = rundir::stop(&self.control, child, session, &by) {
             eprintln!("ctx: stopping agent {child} session {session}: {e}");
         }
         self.set_status(child, session, "cancelled");

@@ -171,13 +171,65 @@ pub fn running(control: &Path) -> Vec<(String, String, i32)> {
     out
 }
 
+/// The file of a run's directory that says who asked it to stop (read by its supervisor for
+/// the session's `run.end` event).
+pub const STOPPED_BY: &str = "stopped_by";
+
+/// One run of a daemon, running or ended, as `ctx agent ps --all` lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunInfo {
+    /// The agent.
+    pub agent: String,
+    /// The session.
+    pub session: String,
+    /// Its supervisor's pid while it runs.
+    pub pid: Option<i32>,
+    /// The status it ended with, once ended.
+    pub exit: Option<i32>,
+    /// When its directory last changed (started, or ended), seconds since the epoch.
+    pub since: Option<i64>,
+}
+
+/// Every run the daemon of `control` knows of: those under way and those ended (whose status
+/// is kept in their directory), sorted by agent and session.
+pub fn runs(control: &Path) -> Vec<RunInfo> {
+    let mut out = Vec::new();
+    let root = runtime::runs_root(control);
+    let Ok(tree) = Tree::open(&root) else { return out };
+    for a in tree.names(usize::MAX).unwrap_or_default() {
+        let Ok(agent) = tree.sub(&a) else { continue };
+        for s in agent.names(usize::MAX).unwrap_or_default() {
+            let dir = root.join(&a).join(&s);
+            let pid = supervisor(&dir);
+            let exit = if pid.is_none() { recorded_exit(&dir) } else { None };
+            if pid.is_none() && exit.is_none() {
+                continue;
+            }
+            let since = agent.stat(&s).ok().map(|st| st.st_mtime);
+            out.push(RunInfo {
+                agent: a.to_string_lossy().into_owned(),
+                session: s.to_string_lossy().into_owned(),
+                pid,
+                exit,
+                since,
+            });
+        }
+    }
+    out.sort_by(|x, y| (&x.agent, &x.session).cmp(&(&y.agent, &y.session)));
+    out
+}
+
 /// Stops a run: SIGTERM to its supervisor, which stops the sandbox (grace, then SIGKILL) and
-/// records its status; returns that status once the supervisor has ended.
-pub fn stop(control: &Path, agent: &str, session: &str) -> Result<String> {
+/// records its status, with `by` as who stopped it; returns that status once the supervisor has
+/// ended.
+pub fn stop(control: &Path, agent: &str, session: &str, by: &str) -> Result<String> {
     let run = runtime::run_dir(control, agent, session);
     let Some(pid) = supervisor(&run) else {
         return Err(Error::State(format!("agent {agent} session {session} is not running")));
     };
+    if let Ok(t) = Tree::open(&run) {
+        let _ = t.write(STOPPED_BY, by.as_bytes(), 0o600);
+    }
     let grace = read_contract(&run.join("contract.json")).map_or(5, |c| c.grace);
     let Some(p) = rustix::process::Pid::from_raw(pid) else {
         return Err(Error::State(format!("agent {agent} session {session}: bad pid {pid}")));

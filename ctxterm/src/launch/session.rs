@@ -200,13 +200,18 @@ pub fn prepare(
 
 /// Marks the run of the session whose directory is `d` as ended with `code`.
 pub fn finish(d: &Path, code: i32) {
+    finish_as(d, if code == 0 { "done" } else { "error" });
+}
+
+/// Marks the session `state` (`done`, `error`, `stopped`) now.
+pub fn finish_as(d: &Path, state: &str) {
     let Ok(dir) = open_dir(d) else { return };
     let put = |name: &str, text: &str| {
         if let Ok(mut f) = file_at(&dir, name, OFlags::TRUNC) {
             let _ = f.write_all(text.as_bytes());
         }
     };
-    put("state", if code == 0 { "done\n" } else { "error\n" });
+    put("state", &format!("{state}\n"));
     put("updated_at", &now());
 }
 

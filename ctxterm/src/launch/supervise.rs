@@ -409,6 +409,7 @@ pub fn supervise(contract_file: &Path, key_fd: Option<i32>) -> Result<()> {
         Err(e) => {
             eprintln!("agent {} session {}: the run could not go on: {e}", c.agent, c.session);
             let _ = ended_event(&c, "run.failed", &e.to_string(), 70);
+            run_end(&c, "error", 70, None, Duration::ZERO);
             session::finish(&c.session_dir(&c.ctx), 70);
             70
         }
@@ -429,6 +430,7 @@ pub fn supervise(contract_file: &Path, key_fd: Option<i32>) -> Result<()> {
     // root's: the run directory
     let _ = std::fs::remove_file(contract_file);
     let _ = std::fs::remove_file(c.runtime.join("pid")); // root's: the run directory
+    let _ = std::fs::remove_file(c.runtime.join(rundir::STOPPED_BY)); // root's: the run directory
     if let Some(g) = groups {
         g.remove();
     }
@@ -509,6 +511,8 @@ fn serve_run(c: &mut Contract, key_fd: Option<i32>, groups: &mut Option<cgroups:
         .map_err(|e| fail("pidfd_open", e.into()))?;
     let mut killed_at: Option<Instant> = None;
     let mut stopping = false;
+    // Asked to stop by a signal (an operator's `ctx agent stop`, a parent's `agent.stop`).
+    let mut signalled = false;
     let mut lost = false;
     let mut checked = Instant::now();
     // Housekeeping (children that ended, whether the view still answers) once a second; the
@@ -540,6 +544,7 @@ fn serve_run(c: &mut Contract, key_fd: Option<i32>, groups: &mut Option<cgroups:
             let mut drain = [0u8; 64];
             while rustix::io::read(&signals, &mut drain).is_ok_and(|n| n > 0) {}
             stopping = true;
+            signalled = !timed_out && !lost;
         }
         if !stopping && c.timeout.is_some_and(|t| started.elapsed() >= Duration::from_secs(t)) {
             timed_out = true;
@@ -579,16 +584,41 @@ fn serve_run(c: &mut Contract, key_fd: Option<i32>, groups: &mut Option<cgroups:
     for (child, session) in receipt::owned(&children) {
         run.cancel(&child, &session);
     }
+    let ran = started.elapsed();
     if lost {
         lost_view(c, code);
+        run_end(c, "error", code, Some("the daemon (the run's view ended)"), ran);
     } else if timed_out {
         let reason = format!("the run's timeout ({} s) ran out; it was stopped", c.timeout.unwrap_or(0));
         let _ = ended_event(c, "run.timeout", &reason, code);
+        run_end(c, "error", code, Some("its timeout"), ran);
         session::finish(&c.session_dir(&c.ctx), code.max(1));
+    } else if signalled {
+        // Who asked, as `ctx agent stop` or `agent.stop` wrote it in the run's directory
+        // (root's) before signalling.
+        let by = Tree::open(&c.runtime)
+            .and_then(|t| t.read_string(rundir::STOPPED_BY, 256))
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default();
+        let by = if by.is_empty() { "a signal".to_owned() } else { by };
+        run_end(c, "stopped", code, Some(&by), ran);
+        session::finish_as(&c.session_dir(&c.ctx), "stopped");
     } else {
+        run_end(c, if code == 0 { "done" } else { "error" }, code, None, ran);
         session::finish(&c.session_dir(&c.ctx), code);
     }
     Ok(code)
+}
+
+/// Appends the one `run.end` event of a run to its session: how it ended (`done`, `error`,
+/// `stopped`), its exit code, who stopped it, and how long it ran.
+fn run_end(c: &Contract, state: &str, code: i32, by: Option<&str>, ran: Duration) {
+    let event = json!({"ts": session::timestamp(), "type": "run.end", "agent": c.agent, "session": c.session,
+        "status": state, "code": code, "stopped_by": by,
+        "duration_ms": (ran.as_secs_f64() * 1e6).round() / 1e3});
+    if let Err(e) = session::append_event(&c.session_dir(&c.ctx), &event) {
+        eprintln!("agent {} session {}: cannot record run.end: {e}", c.agent, c.session);
+    }
 }
 
 /// Appends an event saying why a run ended to its session, through /ctx.
