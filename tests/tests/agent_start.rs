@@ -1402,6 +1402,28 @@ fn a_stopped_run_says_who_stopped_it_and_a_running_agent_is_not_removed() {
         (&"done".into(), &0.into(), &serde_json::Value::Null)
     );
 
+    // Ended runs are listed with --all; stop --all stops every running one, in parallel.
+    let ctx = |args: &[&str]| {
+        Command::new(tests::bin("ctx")).args(args).arg("--control").arg(&w.s.control).output().unwrap()
+    };
+    let (a, b) = (session("end4"), session("end5"));
+    for s in [&a, &b] {
+        let out = w.start(s, &[], &["/bin/sleep", "600"]);
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    let ps = String::from_utf8_lossy(&ctx(&["agent", "ps"]).stdout).into_owned();
+    assert!(ps.starts_with("AGENT\tSESSION\tPID\tSTATE\tSINCE\n"), "{ps}");
+    assert!(!ps.contains(&s2) && ps.contains(&format!("coder\t{a}\t")), "{ps}");
+    let all = String::from_utf8_lossy(&ctx(&["agent", "ps", "--all"]).stdout).into_owned();
+    assert!(all.lines().any(|l| l.starts_with(&format!("coder\t{s2}\t-\texited 0\t"))), "{all}");
+    let o = ctx(&["agent", "stop", "--all", "coder"]);
+    assert!(o.status.success(), "{}", text(&o));
+    for s in [&a, &b] {
+        assert!(text(&o).contains(&format!("stopped agent coder session {s} ")), "{}", text(&o));
+        assert_eq!(ends_of(&w, s).1, "stopped\n");
+    }
+    assert!(!String::from_utf8_lossy(&ctx(&["agent", "ps"]).stdout).contains("coder\t"));
+
     let s3 = session("end3");
     let out = w.start(&s3, &[], &["/bin/sleep", "600"]);
     assert!(out.status.success(), "{}", text(&out));
