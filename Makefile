@@ -83,7 +83,7 @@ bench:
 	@rm -rf target/bench-results
 	@n=0; for b in $(REPORT_BENCHES); do n=$$((n+1)); \
 	  printf '\n== make bench: [%d/%d] %s\n' $$n $(words $(REPORT_BENCHES)) $$b; \
-	  CORTEXFS_BENCH_WRITERS=1,8,64 $(CARGO) bench -q -p bench --bench $$b || exit 1; \
+	  CORTEXFS_BENCH_WRITERS=1,8,64,256 $(CARGO) bench -q -p bench --bench $$b || exit 1; \
 	done
 	$(CARGO) run -q --release -p bench --bin bench-report
 

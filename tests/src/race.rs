@@ -72,11 +72,20 @@ impl Worker {
     /// Waits for it to end; its output (a sandbox's terminal merges both streams).
     pub fn output(mut self) -> String {
         let mut s = String::new();
+        // A worker killed part way through a line leaves it without its newline: each stream
+        // ends a line of its own, so that the next one's first line is read as written.
+        let end_line = |s: &mut String| {
+            if !s.is_empty() && !s.ends_with('\n') {
+                s.push('\n');
+            }
+        };
         if let Some(mut e) = self.started.stderr.take() {
             let _ = e.read_to_string(&mut s);
+            end_line(&mut s);
         }
         if let Some(mut o) = self.started.stdout.take() {
             let _ = o.read_to_string(&mut s);
+            end_line(&mut s);
         }
         let _ = self.started.wait();
         if let Some(l) = &self.log {
