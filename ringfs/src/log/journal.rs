@@ -87,6 +87,8 @@ struct State {
     checkpoint_wanted: bool,
     /// The committer holds a batch.
     busy: bool,
+    /// Closing: no more appends are taken.
+    refusing: bool,
     /// Checkpoints begun and completed.
     begun: u64,
     completed: u64,
@@ -170,6 +172,7 @@ impl Journal {
                 dirty: Vec::new(),
                 checkpoint_wanted: false,
                 busy: false,
+                refusing: false,
                 begun: 0,
                 completed: 0,
                 closing: false,
@@ -181,18 +184,25 @@ impl Journal {
             checkpoint: Condvar::new(),
             threads: Mutex::new(Vec::new()),
         });
-        // What was replayed is in its files' page cache: make it durable, then move the tail.
-        if !scan.records.is_empty() || created {
-            j.write_super(Super {
-                cap: sup.cap,
-                generation: sup.generation + 1,
-                tail: scan.head,
-                tail_seq: scan.next_seq,
-            })?;
+        // What was replayed is durable in its files (`replay` synced them): the tail moves past
+        // it. Sequence numbers go on from past any record a ring can hold, so that intact
+        // records of a batch torn before them (behind the scan's stop) are never read as this
+        // run's.
+        let next_seq = scan.next_seq + sup.cap / 8;
+        j.write_super(Super {
+            cap: sup.cap,
+            generation: sup.generation + 1,
+            tail: scan.head,
+            tail_seq: next_seq,
+        })?;
+        {
             let mut st = lock(&j.state);
             st.generation += 1;
             st.tail = scan.head;
+            st.next_seq = next_seq;
+            st.head_seq = next_seq;
         }
+        let _ = created;
         let commit = Arc::clone(&j);
         let ckpt = Arc::clone(&j);
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
@@ -249,6 +259,7 @@ impl Journal {
     pub fn close(&self) -> Result<()> {
         {
             let mut st = lock(&self.state);
+            st.refusing = true;
             while (!st.entries.is_empty() || st.busy) && st.stopped.is_none() {
                 st = self.space.wait(st).unwrap_or_else(std::sync::PoisonError::into_inner);
             }
@@ -269,10 +280,14 @@ impl Journal {
             }
         }
         // The logs it held (written since the last checkpoint, or queued when it stopped) hold
-        // the journal in turn: let both go.
+        // the journal in turn: let both go. Nothing waits on its threads from now on.
         let mut st = lock(&self.state);
         st.dirty.clear();
         st.entries.clear();
+        if st.stopped.is_none() {
+            st.stopped = Some("the journal is closed".into());
+        }
+        self.space.notify_all();
         done
     }
 
@@ -316,7 +331,7 @@ impl Journal {
         if let Some(reason) = &st.stopped {
             return Err((self.stopped(reason), done));
         }
-        if st.closing {
+        if st.closing || st.refusing {
             return Err((self.stopped("the journal is closed"), done));
         }
         let seq = st.next_seq;
@@ -427,9 +442,9 @@ impl Journal {
                 // Everything queued behind fails too: the journal takes nothing more.
                 let rest = std::mem::take(&mut st.entries);
                 st.buf.clear();
+                // Stopped once the journal's lock is let go (a log's lock comes first).
                 for e in entries.drain(..).chain(rest) {
-                    e.log.stop(reason);
-                    told.push((e.done, Err(self.stopped(reason)), None));
+                    told.push((e.done, Err(self.stopped(reason)), Some(e.log)));
                 }
                 self.space.notify_all();
             }
@@ -449,6 +464,13 @@ impl Journal {
             self.work.notify_one();
         }
         drop(st);
+        if let Err(reason) = &written {
+            for (_, _, log) in told.iter() {
+                if let Some(l) = log {
+                    l.stop(reason);
+                }
+            }
+        }
         for (done, r, _) in told.drain(..) {
             if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| done.finish(r))).is_err() {
                 tracing::error!(journal = %self.path.display(), "an append's receiver panicked");
@@ -496,6 +518,9 @@ impl Journal {
                     .try_for_each(|l| l.file.sync_data().map_err(|e| Error::io("sync", &l.path, e)))
                     .and_then(|()| self.write_super(Super { cap: self.cap, generation, tail, tail_seq }))
             };
+            // Let go of the logs before saying the checkpoint is done: a caller then closes
+            // the ones nothing else holds.
+            drop(dirty);
             let mut st = lock(&self.state);
             match synced {
                 Ok(()) => {
@@ -535,14 +560,13 @@ fn take_batch(st: &mut State, max: usize) -> (Vec<u8>, Vec<Entry>) {
     if buf.len() > max {
         let k = entries.iter().position(|e| e.rec.end > max).unwrap_or(entries.len()).max(1);
         let cut = entries[k - 1].rec.end;
-        let mut rest = entries.split_off(k);
         st.buf.extend_from_slice(&buf[cut..]);
         buf.truncate(cut);
-        for e in &mut rest {
+        st.entries.extend(entries.drain(k..).map(|mut e| {
             e.rec = e.rec.start - cut..e.rec.end - cut;
             e.data = e.data.start - cut..e.data.end - cut;
-        }
-        st.entries = rest;
+            e
+        }));
     }
     (buf, entries)
 }
@@ -598,8 +622,9 @@ fn open_file(path: &Path, cap: u64) -> Result<(File, bool)> {
         Err(e) => return Err(Error::io("open", path, e)),
     }
     let cap = cap.max(64 * 1024).next_multiple_of(8);
-    // Made under a temporary name and renamed into place once complete and durable.
-    let tmp = path.with_extension("new");
+    // Made under a temporary name of this process and put in place once complete and durable,
+    // never over a journal another process made meanwhile (that one is opened instead).
+    let tmp = path.with_extension(format!("new.{}", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
     let f = OpenOptions::new()
         .read(true)
@@ -623,11 +648,25 @@ fn open_file(path: &Path, cap: u64) -> Result<(File, bool)> {
             .copy_from_slice(&Super { cap, generation: 0, tail: 0, tail_seq: 1 }.encode());
         f.write_all_at(&block, 0)?;
         f.sync_all()?;
-        std::fs::rename(&tmp, path)
+        rustix::fs::renameat_with(
+            rustix::fs::CWD,
+            &tmp,
+            rustix::fs::CWD,
+            path,
+            rustix::fs::RenameFlags::NOREPLACE,
+        )
+        .map_err(std::io::Error::from)
     })();
-    if let Err(e) = made {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(Error::io("create", path, e));
+    match made {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::EXIST.raw_os_error()) => {
+            let _ = std::fs::remove_file(&tmp);
+            return open_file(path, cap);
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(Error::io("create", path, e));
+        }
     }
     super::sync_parent(path)?;
     Ok((f, true))
@@ -708,6 +747,10 @@ pub(super) struct Journaled {
 mod tests {
     use super::*;
     use crate::log::Options;
+
+    fn libc_efbig() -> i32 {
+        rustix::io::Errno::FBIG.raw_os_error()
+    }
 
     fn line(w: usize, i: usize) -> Vec<u8> {
         format!("{{\"w\":{w},\"i\":{i},\"pad\":\"{}\"}}\n", "x".repeat((w * 7 + i) % 50)).into_bytes()
@@ -904,5 +947,17 @@ mod tests {
         assert_eq!(j.stats().records, 1);
         drop(log);
         j.close().unwrap();
+        drop(j);
+        // A record larger than half the ring could never be written: refused as too big.
+        let small = tempfile::tempdir().unwrap();
+        let j = Journal::open(small.path(), 64 << 10).unwrap();
+        let (log, _) = AppendLog::open_journaled(&j, Path::new("y.jsonl"), Options::default()).unwrap();
+        let big = format!("{{\"pad\":\"{}\"}}\n", "x".repeat(40 << 10));
+        assert_eq!(log.append(big.as_bytes()).unwrap_err().errno(), libc_efbig());
+        assert_eq!(log.append(b"{}\n").unwrap(), 3);
+        drop(log);
+        j.close().unwrap();
+        // Closed: appends are refused, and a checkpoint asked after says so rather than wait.
+        assert!(j.checkpoint().is_err());
     }
 }

@@ -309,6 +309,14 @@ impl AppendLog {
             opts.engine.resolve().map_err(|reason| Error::Unsupported { path: path.clone(), reason })?;
         let (file, created) = open_or_create(&path)?;
         lock_exclusive(&path, &file)?;
+        // A log whose appends went through a journal: its length says what was acknowledged
+        // only once that journal is replayed, which only opening it through the journal does.
+        let mut probe = [0u8; 64];
+        if rustix::fs::fgetxattr(&file, JOURNALED_XATTR, &mut probe).is_ok()
+            && rustix::fs::fgetxattr(&file, evidence::XATTR, &mut probe).is_err()
+        {
+            return Err(Error::Busy { path });
+        }
         let recovery = recover::recover(&path, &file, created)?;
         let state = State {
             pending: Vec::new(),
@@ -449,6 +457,18 @@ impl AppendLog {
             drop(st);
             return done.finish(Err(e));
         }
+        let fits = self.journaled.as_ref().is_some_and(|jd| {
+            bytes.len() <= format::MAX_DATA
+                && format::record_len(jd.rel.as_os_str().len(), bytes.len()) as u64 <= j.capacity() / 2
+        });
+        if !fits {
+            drop(st);
+            return done.finish(Err(Error::io(
+                "append",
+                &self.path,
+                std::io::Error::from_raw_os_error(rustix::io::Errno::FBIG.raw_os_error()),
+            )));
+        }
         let offset = st.logical_end;
         let end = offset + bytes.len() as u64;
         if end > st.reserved {
@@ -496,6 +516,10 @@ impl AppendLog {
     /// Writes a journaled record's bytes into the file (its journal batch is durable) and
     /// acknowledges them; a failure stops the log.
     fn apply(&self, offset: u64, data: &[u8], end: u64) -> Result<()> {
+        if let Some(reason) = self.lock().stopped.clone() {
+            // An earlier record of this log did not reach the file: none after it does.
+            return Err(self.stopped(&reason));
+        }
         let written = self.file.write_all_at(data, offset);
         let mut st = self.lock();
         match written {

@@ -129,22 +129,30 @@ impl Config {
 pub struct Logs {
     open: Mutex<HashMap<PathBuf, Arc<AppendLog>>>,
     journal: std::sync::OnceLock<Option<Arc<ringfs::log::Journal>>>,
+    /// Held while the journal is opened: one open, however many views start at once.
+    opening: Mutex<()>,
 }
 
 /// [`Logs`], shared.
 pub type SharedLogs = Arc<Logs>;
 
 impl Logs {
-    /// The journal of `storage`, opened (and replayed) on first use. A journal that cannot be
-    /// made (a read-only or full filesystem) or that another daemon of the storage holds leaves
-    /// each log committing on its own, which is said once; one that cannot be read is an error.
+    /// The journal of `storage`, opened (and replayed) on first use. A storage where no journal
+    /// is and none can be made (a read-only or full filesystem), or whose journal another daemon
+    /// holds, leaves each log committing on its own, which is said once (a log its journal holds
+    /// is then refused: its length counts only once that journal is replayed). A journal that is
+    /// there and cannot be read or replayed is an error.
     fn journal(&self, storage: &Path) -> io::Result<Option<Arc<ringfs::log::Journal>>> {
+        let _one = lock(&self.opening);
         if let Some(j) = self.journal.get() {
             return Ok(j.clone());
         }
+        let existed = storage.join(ringfs::log::journal::FILE_NAME).exists();
         let opened = match ringfs::log::Journal::open(storage, ringfs::log::journal::DEFAULT_CAP) {
             Ok(j) => Some(j),
-            Err(e @ ringfs::Error::Damaged { .. }) => return Err(io::Error::other(e.to_string())),
+            Err(e) if existed && !matches!(e, ringfs::Error::Busy { .. }) => {
+                return Err(io::Error::other(e.to_string()));
+            }
             Err(e) => {
                 tracing::warn!(storage = %storage.display(), error = %e, "no journal: each log commits on its own");
                 None
