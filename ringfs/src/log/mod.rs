@@ -438,6 +438,18 @@ impl AppendLog {
         self.journaled.is_some()
     }
 
+    /// Whether an append may join the log now: not stopped, and (with `at`) the log ends at
+    /// `at`, acknowledged plus queued bytes.
+    fn admit(&self, st: &State, at: Option<u64>) -> Result<()> {
+        if let Some(reason) = &st.stopped {
+            return Err(self.stopped(reason));
+        }
+        match at {
+            Some(offset) if offset != st.logical_end => Err(Error::NotAtEnd { offset, end: st.logical_end }),
+            _ => Ok(()),
+        }
+    }
+
     /// A journaled append: space reserved in the file, then the record queued in the journal,
     /// both under the log's lock so that records are queued in offset order.
     fn submit(self: &Arc<Self>, j: &Journal, at: Option<u64>, bytes: &[u8], done: Done) {
@@ -445,15 +457,7 @@ impl AppendLog {
             return done.finish(Err(e));
         }
         let mut st = self.lock();
-        if let Some(reason) = &st.stopped {
-            let e = self.stopped(reason);
-            drop(st);
-            return done.finish(Err(e));
-        }
-        if let Some(offset) = at
-            && offset != st.logical_end
-        {
-            let e = Error::NotAtEnd { offset, end: st.logical_end };
+        if let Err(e) = self.admit(&st, at) {
             drop(st);
             return done.finish(Err(e));
         }
@@ -620,15 +624,7 @@ impl AppendLog {
         }
         self.me.get_or_init(|| Arc::downgrade(self));
         let mut st = self.lock();
-        if let Some(reason) = &st.stopped {
-            let e = self.stopped(reason);
-            drop(st);
-            return done.finish(Err(e));
-        }
-        if let Some(offset) = at
-            && offset != st.logical_end
-        {
-            let e = Error::NotAtEnd { offset, end: st.logical_end };
+        if let Err(e) = self.admit(&st, at) {
             drop(st);
             return done.finish(Err(e));
         }
@@ -785,14 +781,7 @@ impl AppendLog {
         }
         validate(bytes, self.opts.max_line)?;
         let mut st = self.lock();
-        if let Some(reason) = &st.stopped {
-            return Err(self.stopped(reason));
-        }
-        if let Some(offset) = at
-            && offset != st.logical_end
-        {
-            return Err(Error::NotAtEnd { offset, end: st.logical_end });
-        }
+        self.admit(&st, at)?;
         st.pending.extend_from_slice(bytes);
         st.logical_end += bytes.len() as u64;
         let my_seq = st.open_seq;
