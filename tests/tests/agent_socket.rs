@@ -106,7 +106,19 @@ impl Client {
             assert!(t.elapsed() < Duration::from_secs(10), "{} did not appear", p.display());
             std::thread::sleep(Duration::from_millis(50));
         }
-        let w = UnixStream::connect(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        // A daemon just started may not listen yet where the last one did.
+        let w = loop {
+            match UnixStream::connect(&p) {
+                Ok(w) => break w,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::ConnectionRefused
+                        && t.elapsed() < Duration::from_secs(10) =>
+                {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => panic!("{}: {e}", p.display()),
+            }
+        };
         w.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
         let mut c = Client { r: BufReader::new(w.try_clone().unwrap()), w, hello: Value::Null };
         c.hello = c.next();

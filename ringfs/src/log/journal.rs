@@ -143,7 +143,7 @@ impl Journal {
     pub fn open(root: &Path, cap: u64) -> Result<Arc<Journal>> {
         let path = root.join(FILE_NAME);
         let (file, created) = open_file(&path, cap)?;
-        super::lock_exclusive(&path, &file)?;
+        lock_journal(&path, &file)?;
         let len = file.metadata().map_err(|e| Error::io("stat", &path, e))?.len();
         let mut image =
             vec![0u8; usize::try_from(len).map_err(|_| Error::Invalid("journal too large".into()))?];
@@ -606,6 +606,39 @@ fn layout(head: u64, cap: u64, entries: &[Entry], first_seq: u64, writes: &mut V
         pos = at + len;
     }
     pos
+}
+
+/// The file beside the journal naming the process that holds it.
+const OWNER_SUFFIX: &str = "owner";
+
+/// Takes the journal's exclusive lock. Held by a live process: [`Error::Busy`] after the
+/// usual two seconds. Held by one that is gone (killed with io_uring requests in flight, its
+/// files stay held until the kernel tears its ring down): waited for, up to 30 seconds, since
+/// the journal must be replayed before its logs are served.
+fn lock_journal(path: &Path, file: &File) -> Result<()> {
+    let owner = path.with_extension(OWNER_SUFFIX);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match super::lock_exclusive(path, file) {
+            Ok(()) => {
+                // Root's own file beside root's journal.
+                let _ = std::fs::write(&owner, std::process::id().to_string());
+                return Ok(());
+            }
+            Err(Error::Busy { .. }) if std::time::Instant::now() < deadline => {
+                let holder = std::fs::read_to_string(&owner).ok().and_then(|p| p.trim().parse::<i32>().ok());
+                let alive = holder.is_some_and(|pid| {
+                    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+                        st.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with(['Z', 'X']))
+                    })
+                });
+                if alive {
+                    return Err(Error::Busy { path: path.to_path_buf() });
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Opens the journal file, creating it (zero-filled, with an empty superblock) when missing.
