@@ -111,8 +111,10 @@ impl Client {
             match UnixStream::connect(&p) {
                 Ok(w) => break w,
                 Err(e)
-                    if e.kind() == std::io::ErrorKind::ConnectionRefused
-                        && t.elapsed() < Duration::from_secs(10) =>
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+                    ) && t.elapsed() < Duration::from_secs(30) =>
                 {
                     std::thread::sleep(Duration::from_millis(50));
                 }
