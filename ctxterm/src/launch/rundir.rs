@@ -156,19 +156,7 @@ pub fn write_pid(c: &Contract, pid: u32) -> Result<()> {
 
 /// The runs of the daemon of `control` under way: (agent, session, supervisor pid), sorted.
 pub fn running(control: &Path) -> Vec<(String, String, i32)> {
-    let mut out = Vec::new();
-    let runs = runtime::runs_root(control);
-    let Ok(root) = Tree::open(&runs) else { return out };
-    for a in root.names(usize::MAX).unwrap_or_default() {
-        let Ok(agent) = root.sub(&a) else { continue };
-        for s in agent.names(usize::MAX).unwrap_or_default() {
-            if let Some(pid) = supervisor(&runs.join(&a).join(&s)) {
-                out.push((a.to_string_lossy().into_owned(), s.to_string_lossy().into_owned(), pid));
-            }
-        }
-    }
-    out.sort();
-    out
+    runs(control).into_iter().filter_map(|r| Some((r.agent, r.session, r.pid?))).collect()
 }
 
 /// The file of a run's directory that says who asked it to stop (read by its supervisor for

@@ -318,6 +318,20 @@ impl AppendLog {
             return Err(Error::Busy { path });
         }
         let recovery = recover::recover(&path, &file, created)?;
+        Ok((AppendLog::assemble(path, file, opts, engine, recovery.mark, 0, None), recovery))
+    }
+
+    /// A log over its open, locked and recovered `file`, acknowledged up to `mark`, with space
+    /// reserved up to `reserved`.
+    fn assemble(
+        path: PathBuf,
+        file: File,
+        opts: Options,
+        engine: EngineKind,
+        mark: Mark,
+        reserved: u64,
+        journaled: Option<journal::Journaled>,
+    ) -> AppendLog {
         let state = State {
             pending: Vec::new(),
             spare: Vec::new(),
@@ -326,27 +340,24 @@ impl AppendLog {
             spare_deferred: Vec::with_capacity(SPARE_DEFERRED),
             open_seq: 1,
             leading: false,
-            acked: recovery.mark,
-            logical_end: recovery.mark.end,
+            acked: mark,
+            logical_end: mark.end,
             stopped: None,
             batches: 0,
             settled: true,
-            reserved: 0,
+            reserved,
         };
-        Ok((
-            AppendLog {
-                path,
-                file,
-                opts,
-                engine,
-                state: Mutex::new(state),
-                done_seq: AtomicU64::new(0),
-                stopped: AtomicBool::new(false),
-                me: std::sync::OnceLock::new(),
-                journaled: None,
-            },
-            recovery,
-        ))
+        AppendLog {
+            path,
+            file,
+            opts,
+            engine,
+            state: Mutex::new(state),
+            done_seq: AtomicU64::new(0),
+            stopped: AtomicBool::new(false),
+            me: std::sync::OnceLock::new(),
+            journaled,
+        }
     }
 
     /// Opens (creating if missing) the log at `rel` below `journal`'s storage, its appends
@@ -366,14 +377,13 @@ impl AppendLog {
             && rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::KEEP_SIZE, 0, 1).is_ok()
             && rel.as_os_str().len() <= format::MAX_PATH
             && !rel.as_os_str().is_empty();
-        drop(file);
         if !eligible {
+            drop(file);
             let (log, rec) = AppendLog::open(&path, opts)?;
             return Ok((Arc::new(log), rec));
         }
         let engine =
             opts.engine.resolve().map_err(|reason| Error::Unsupported { path: path.clone(), reason })?;
-        let (file, _) = open_or_create(&path)?;
         lock_exclusive(&path, &file)?;
         let mut marker = [0u8; 8];
         let marked = rustix::fs::fgetxattr(&file, JOURNALED_XATTR, &mut marker).is_ok();
@@ -396,38 +406,15 @@ impl AppendLog {
             rec
         };
         let (ino, born) = journal::identity(&file).map_err(|e| Error::io("stat", &path, e))?;
-        let state = State {
-            pending: Vec::new(),
-            spare: Vec::new(),
-            waiters: Vec::new(),
-            deferred: Vec::new(),
-            spare_deferred: Vec::new(),
-            open_seq: 1,
-            leading: false,
-            acked: recovery.mark,
-            logical_end: recovery.mark.end,
-            stopped: None,
-            batches: 0,
-            settled: true,
-            reserved: recovery.mark.end,
+        let journaled = journal::Journaled {
+            journal: Arc::clone(journal),
+            rel: rel.to_path_buf(),
+            ino,
+            born,
+            dirty: AtomicBool::new(false),
         };
-        let log = AppendLog {
-            path,
-            file,
-            opts,
-            engine,
-            state: Mutex::new(state),
-            done_seq: AtomicU64::new(0),
-            stopped: AtomicBool::new(false),
-            me: std::sync::OnceLock::new(),
-            journaled: Some(journal::Journaled {
-                journal: Arc::clone(journal),
-                rel: rel.to_path_buf(),
-                ino,
-                born,
-                dirty: AtomicBool::new(false),
-            }),
-        };
+        let mark = recovery.mark;
+        let log = AppendLog::assemble(path, file, opts, engine, mark, mark.end, Some(journaled));
         let log = Arc::new(log);
         log.me.get_or_init(|| Arc::downgrade(&log));
         Ok((log, recovery))
