@@ -26,3 +26,53 @@ pub fn controlling_tty(cmd: &mut Command, tty: &OwnedFd) {
         });
     }
 }
+
+/// The signals that ask a supervisor to stop its run.
+const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+
+fn stop_set() -> libc::sigset_t {
+    // SAFETY: `sigemptyset` initialises the set before `sigaddset` reads it; both only write
+    // the set given.
+    #[allow(unsafe_code)]
+    unsafe {
+        let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+        libc::sigemptyset(set.as_mut_ptr());
+        for s in STOP_SIGNALS {
+            libc::sigaddset(set.as_mut_ptr(), s);
+        }
+        set.assume_init()
+    }
+}
+
+/// Starts `cmd`'s child with the stop signals held (blocked, so kept pending): a stop asked
+/// before the child has said where it can be found and how it takes a stop is carried out
+/// once it has ([`release_stop_signals`]), never lost and never the default death.
+#[allow(unsafe_code)]
+pub fn hold_stop_signals(cmd: &mut Command) {
+    let set = stop_set();
+    // SAFETY: the closure runs in the forked child before exec and makes one async-signal-safe
+    // call (sigprocmask) on a set built before the fork; it allocates nothing. The mask is kept
+    // across exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Lets the calling thread take the stop signals again (any pending one is delivered now).
+/// Called by a process started with [`hold_stop_signals`] once its handlers are in place,
+/// before it starts threads of its own.
+#[allow(unsafe_code)]
+pub fn release_stop_signals() -> io::Result<()> {
+    let set = stop_set();
+    // SAFETY: `set` is an initialised signal set; the old mask is not asked for.
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
+}

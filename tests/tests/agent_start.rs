@@ -1437,3 +1437,85 @@ fn a_stopped_run_says_who_stopped_it_and_a_running_agent_is_not_removed() {
     assert!(!w.s.storage.join("agent/coder").exists(), "removed once stopped");
     assert_eq!(ends_of(&w, &s3).1, "stopped\n");
 }
+
+/// The processes whose command line names `s` (a session's unique name): a launcher, a
+/// supervisor, a sandbox of its run.
+fn processes_naming(s: &str) -> Vec<(i32, String)> {
+    let mut found = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let cmd = fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let line = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if line.contains(s) {
+            found.push((pid, line));
+        }
+    }
+    found
+}
+
+/// A cancelled agent-socket turn ran on for good when its `ctx agent start` was terminated
+/// between starting the supervisor and recording its pid: nothing could find the run to stop
+/// it. Whenever the launcher is terminated, what runs of the run has a supervisor on record
+/// (its pid in the run directory), and a stop ends all of it.
+#[test]
+fn a_launcher_terminated_at_any_moment_leaves_no_run_that_cannot_be_stopped() {
+    let w = World::new();
+    let mut hit = 0;
+    for i in 0..24u64 {
+        let s = session(&format!("term{i}"));
+        let run = w.s.run_dir("coder", &s);
+        let mut cmd = w.command(&s, &["--headless"]);
+        cmd.args(["/bin/sh", "-c", "sleep 1000"]).stdout(std::process::Stdio::null());
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let mut child = cmd.spawn().unwrap();
+        // The contract is written just before the supervisor starts: terminate the launcher
+        // then, a little later each time.
+        let t = Instant::now();
+        while !run.join("contract.json").exists() && t.elapsed() < Duration::from_secs(30) {
+            std::hint::spin_loop();
+        }
+        let until = Instant::now() + Duration::from_micros(i * 150);
+        while Instant::now() < until {
+            std::hint::spin_loop();
+        }
+        let pg = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+        let _ = rustix::process::kill_process_group(pg, rustix::process::Signal::TERM);
+        let _ = child.wait();
+        let log = || fs::read_to_string(run.join("log")).unwrap_or_default();
+        // Whatever of the run goes on has its supervisor on record (a child of the launcher
+        // not yet the supervisor it is becoming still carries the launcher's command line).
+        let t = Instant::now();
+        loop {
+            let left = processes_naming(&s);
+            let recorded: Option<i32> =
+                fs::read_to_string(run.join("pid")).ok().and_then(|p| p.trim().parse().ok());
+            let on_record = recorded
+                .is_some_and(|p| left.iter().any(|(pid, line)| *pid == p && line.contains(" supervise ")));
+            if left.is_empty() || on_record {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "round {i}: {left:?} run, the run directory names {recorded:?}\n{}",
+                log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if !processes_naming(&s).is_empty() {
+            hit += 1;
+            let o = w.stop(&s);
+            assert!(o.status.success(), "round {i}: {}\n{}", text(&o), log());
+        }
+        let t = Instant::now();
+        while !processes_naming(&s).is_empty() {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "round {i}: {:?} did not stop\n{}",
+                processes_naming(&s),
+                log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    eprintln!("{hit} of 24 rounds left a run going");
+}

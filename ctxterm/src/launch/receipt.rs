@@ -105,6 +105,16 @@ pub fn owned(children: &Children) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The pids of the supervisors of the children a run started that have not been waited for.
+pub fn supervisor_pids(children: &Children) -> Vec<i32> {
+    children
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter_map(|o| o.supervisor.as_ref().map(|s| s.id() as i32))
+        .collect()
+}
+
 /// The reply to a failed call, with the exit code it carries.
 fn failed(e: &Error) -> Reply {
     Reply::refused(i32::from(e.code()), e.to_string())

@@ -130,6 +130,9 @@ fn launch(s: &Start, c: &Contract, view_made: &mut bool) -> Result<std::process:
     let err = log.try_clone().map_err(|source| Error::RunDir { path: log_path.clone(), source })?;
     let mut sup = Command::new(supervisor_program()?);
     sup.arg("supervise").arg(&contract_file).process_group(0);
+    // A stop asked before the supervisor is on record (its pid, written here and by itself)
+    // and takes signals waits for it: a launcher terminated now leaves no run nobody can stop.
+    crate::sys::hold_stop_signals(&mut sup);
     // A headless run's command writes to the caller's streams: the supervisor gets them and
     // keeps its own log on the side.
     if !c.headless {
@@ -401,9 +404,26 @@ pub fn start(s: &Start, out: &mut dyn Write) -> Result<Started> {
 /// goes: the view, the sandbox's binds, the socket directories, its cgroups; its session says
 /// how it ended, and `exit` in its run directory holds the status (70 when it could not run).
 pub fn supervise(contract_file: &Path, key_fd: Option<i32>) -> Result<()> {
+    // Started with the stop signals held: they go to a pipe, then the supervisor puts itself
+    // on record (its launcher may be gone before it could), then takes them.
+    let fail = |what: &str, e: std::io::Error| Error::Supervise(format!("{what}: {e}"));
+    let (signals, signalled) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK)
+            .map_err(|e| fail("pipe", e.into()))?;
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT, signal_hook::consts::SIGHUP] {
+        let w = signalled.try_clone().map_err(|e| fail("pipe", e))?;
+        signal_hook::low_level::pipe::register(sig, w).map_err(|e| fail("signals", e))?;
+    }
+    drop(signalled);
     let mut c = rundir::read_contract(contract_file)?;
+    rundir::write_pid(&c, std::process::id())?;
+    // What the sandbox leaves when its first process goes (a namespace's init whose parent
+    // died before it could ask to die with it) comes here, not to init.
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
+        .map_err(|e| fail("PR_SET_CHILD_SUBREAPER", e.into()))?;
+    crate::sys::release_stop_signals().map_err(|e| fail("signals", e))?;
     let mut groups = None;
-    let r = serve_run(&mut c, key_fd, &mut groups);
+    let r = serve_run(&mut c, key_fd, signals, &mut groups);
     let code = match &r {
         Ok(code) => *code,
         Err(e) => {
@@ -439,7 +459,12 @@ pub fn supervise(contract_file: &Path, key_fd: Option<i32>) -> Result<()> {
 }
 
 /// Serves the run `c` until it ends; returns its status. The cgroups made go to `groups`.
-fn serve_run(c: &mut Contract, key_fd: Option<i32>, groups: &mut Option<cgroups::Groups>) -> Result<i32> {
+fn serve_run(
+    c: &mut Contract,
+    key_fd: Option<i32>,
+    signals: std::os::fd::OwnedFd,
+    groups: &mut Option<cgroups::Groups>,
+) -> Result<i32> {
     let fail = |what: &str, e: std::io::Error| Error::Supervise(format!("{what}: {e}"));
     let key = match key_fd {
         Some(fd) => Some(crate::term::read_secret_fd(fd).map_err(|e| fail("--key-fd", e))?),
@@ -466,16 +491,8 @@ fn serve_run(c: &mut Contract, key_fd: Option<i32>, groups: &mut Option<cgroups:
     } else {
         None
     };
-    // Signals asking the run to stop arrive on a pipe, so that one poll waits for them and for
-    // the sandbox to end (its pidfd).
-    let (signals, signalled) =
-        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK)
-            .map_err(|e| fail("pipe", e.into()))?;
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT, signal_hook::consts::SIGHUP] {
-        let w = signalled.try_clone().map_err(|e| fail("pipe", e))?;
-        signal_hook::low_level::pipe::register(sig, w).map_err(|e| fail("signals", e))?;
-    }
-    drop(signalled);
+    // Signals asking the run to stop arrive on `signals`, so that one poll waits for them and
+    // for the sandbox to end (its pidfd).
     let run = Run {
         agent: c.agent.clone(),
         session: c.session.clone(),
@@ -584,6 +601,15 @@ fn serve_run(c: &mut Contract, key_fd: Option<i32>, groups: &mut Option<cgroups:
     for (child, session) in receipt::owned(&children) {
         run.cancel(&child, &session);
     }
+    // The sandbox's processes that outlived it came to this supervisor (a subreaper): a run
+    // ends with all of them.
+    let outlived = end_orphans(&receipt::supervisor_pids(&children));
+    if outlived > 0 {
+        eprintln!(
+            "agent {} session {}: {outlived} of its processes outlived the sandbox: killed",
+            c.agent, c.session
+        );
+    }
     let ran = started.elapsed();
     if lost {
         lost_view(c, code);
@@ -608,6 +634,47 @@ fn serve_run(c: &mut Contract, key_fd: Option<i32>, groups: &mut Option<cgroups:
         session::finish(&c.session_dir(&c.ctx), code);
     }
     Ok(code)
+}
+
+/// Kills and waits for every child of this process but those in `keep`, until none is left
+/// (a child killed may leave children of its own, which come here): returns how many.
+fn end_orphans(keep: &[i32]) -> usize {
+    let me = std::process::id() as i32;
+    let mut ended = 0;
+    // Each round takes a generation of descendants; a sandbox is a few deep.
+    for _ in 0..64 {
+        let left: Vec<i32> = children_of(me).into_iter().filter(|p| !keep.contains(p)).collect();
+        if left.is_empty() {
+            break;
+        }
+        for pid in left {
+            let Some(p) = rustix::process::Pid::from_raw(pid) else { continue };
+            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+            let _ = rustix::process::waitpid(Some(p), rustix::process::WaitOptions::empty());
+            ended += 1;
+        }
+    }
+    ended
+}
+
+/// The pids of the children of `parent`, from `/proc` (each process's `stat`).
+fn children_of(parent: i32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut out = Vec::new();
+    for e in dir.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        // The name in parentheses may hold anything: the fields after its last ')' are the
+        // state, then the parent's pid.
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<i32>().ok());
+        if ppid == Some(parent) {
+            out.push(pid);
+        }
+    }
+    out
 }
 
 /// Appends the one `run.end` event of a run to its session: how it ended (`done`, `error`,
