@@ -659,13 +659,13 @@ fn end_orphans(keep: &[i32]) -> usize {
 
 /// The pids of the children of `parent`, from `/proc` (each process's `stat`).
 fn children_of(parent: i32) -> Vec<i32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() }; // root's: /proc
     let mut out = Vec::new();
     for e in dir.flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
         // The name in parentheses may hold anything: the fields after its last ')' are the
         // state, then the parent's pid.
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue }; // root's: /proc
         let ppid = stat
             .rsplit_once(')')
             .and_then(|(_, rest)| rest.split_whitespace().nth(1))
