@@ -39,6 +39,10 @@ struct Cli {
     /// Start the command only once the first client has connected (it then sees all output).
     #[arg(long)]
     wait_client: bool,
+    /// Keep the terminal's output (its last MiB at most) in this file and `<file>.1`, for
+    /// after the run.
+    #[arg(long, value_name = "FILE", conflicts_with = "headless")]
+    keep_output: Option<PathBuf>,
     /// Run the command on ctxterm's own standard streams, without a PTY or a socket, and
     /// exit with its status.
     #[arg(long)]
@@ -140,6 +144,7 @@ fn main() -> ExitCode {
         size: cli.size,
         wait_client: cli.wait_client,
         env,
+        keep: cli.keep_output,
     };
     match term::run(&opts) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

@@ -37,6 +37,65 @@ pub struct Options {
     pub wait_client: bool,
     /// Variables given to the command only (a key read from a descriptor).
     pub env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    /// Where the terminal's output is kept for after the run (see [`Keeper`]).
+    pub keep: Option<PathBuf>,
+}
+
+/// The most of a run's terminal output that is kept: the file's previous half goes to
+/// `<file>.1` when the file would pass half of this, so the two hold the last half to all of it.
+pub const KEPT_OUTPUT: u64 = 1 << 20;
+
+/// Keeps a terminal's output in a file (and its previous half in `<file>.1`), for when the run
+/// has ended. A write that fails stops the keeping, never the terminal.
+#[derive(Debug)]
+pub struct Keeper {
+    path: PathBuf,
+    file: Option<File>,
+    len: u64,
+}
+
+impl Keeper {
+    /// Starts keeping at `path`, afresh (the previous run's output goes).
+    pub fn new(path: PathBuf) -> Keeper {
+        let mut k = Keeper { path, file: None, len: 0 };
+        let _ = std::fs::remove_file(k.previous());
+        k.file = k.create();
+        k
+    }
+
+    fn previous(&self) -> PathBuf {
+        let mut p = self.path.clone().into_os_string();
+        p.push(".1");
+        PathBuf::from(p)
+    }
+
+    fn create(&self) -> Option<File> {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&self.path)
+            .ok()
+    }
+
+    /// Keeps `bytes`.
+    pub fn write(&mut self, bytes: &[u8]) {
+        if self.file.is_none() {
+            return;
+        }
+        if self.len + bytes.len() as u64 > KEPT_OUTPUT / 2 && self.len > 0 {
+            self.file = std::fs::rename(&self.path, self.previous()).ok().and_then(|()| self.create());
+            self.len = 0;
+        }
+        let Some(f) = self.file.as_mut() else { return };
+        match f.write_all(bytes) {
+            Ok(()) => self.len += bytes.len() as u64,
+            Err(_) => self.file = None,
+        }
+    }
 }
 
 /// Runs `command` on this process's standard streams, with `env` added, and returns its exit
@@ -164,7 +223,8 @@ pub fn run(opts: &Options) -> Result<i32, RunError> {
 
     let reader = {
         let (mut m, state) = (master.try_clone()?, Arc::clone(&state));
-        std::thread::Builder::new().name("pty".into()).spawn(move || pump(&mut m, &state))?
+        let keep = opts.keep.clone().map(Keeper::new);
+        std::thread::Builder::new().name("pty".into()).spawn(move || pump(&mut m, &state, keep))?
     };
     // Held by every client's writer while it runs: the terminal's last output reaches the
     // clients before ctxterm exits.
@@ -219,13 +279,16 @@ pub fn run(opts: &Options) -> Result<i32, RunError> {
 }
 
 /// Copies PTY output into the scrollback and to every client, until the PTY closes.
-fn pump(master: &mut File, state: &Mutex<State>) {
+fn pump(master: &mut File, state: &Mutex<State>, mut keep: Option<Keeper>) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         let n = match master.read(&mut buf) {
             Ok(0) | Err(_) => return, // EIO: every holder of the slave side is gone
             Ok(n) => n,
         };
+        if let Some(k) = keep.as_mut() {
+            k.write(&buf[..n]);
+        }
         let chunk: Arc<[u8]> = Arc::from(&buf[..n]);
         let Ok(mut st) = state.lock() else { return };
         st.ring.push(&chunk);

@@ -27,6 +27,10 @@ pub const CONTROL_SOCKET: &str = "/run/cortexfs/control.sock";
 pub const SANDBOX_TERMINAL: &str = "/run/cortexfs/terminal";
 /// The terminal socket inside a sandbox.
 pub const SANDBOX_TERMINAL_SOCKET: &str = "/run/cortexfs/terminal/main.sock";
+/// Where a sandbox sees its view.
+pub const SANDBOX_CTX: &str = "/ctx";
+/// The file of a session that keeps its terminal's last output (`<file>.1` its previous half).
+pub const TERMINAL_LOG: &str = "terminal.log";
 /// The directory of the receipt socket inside a sandbox.
 pub const SANDBOX_RECEIPT: &str = "/run/cortexfs/receipt";
 /// The receipt socket inside a sandbox.

@@ -1519,3 +1519,126 @@ fn a_launcher_terminated_at_any_moment_leaves_no_run_that_cannot_be_stopped() {
     }
     eprintln!("{hit} of 24 rounds left a run going");
 }
+
+/// A finished terminal's output was gone with the run: the terminal keeps it in its session
+/// (its last MiB at most), `ctx agent logs` shows it after the run ended, and `--follow`
+/// follows a run under way until it ends.
+#[test]
+fn agent_logs_shows_a_runs_last_output_after_it_ended_and_follows_one_under_way() {
+    let w = World::new();
+    let logs = |s: &str, follow: bool| {
+        let mut c = Command::new(tests::bin("ctx"));
+        c.args(["agent", "logs", "coder", "--session", s, "--ctx"]).arg(&w.s.mnt);
+        if follow {
+            c.arg("--follow");
+        }
+        c
+    };
+    // More than is kept (about 1.5 MB of numbered lines), then a last line.
+    let s = session("logs");
+    let o = w.start(
+        &s,
+        &["--wait", "--tty"],
+        &["/bin/sh", "-c", "i=0; while [ $i -lt 100000 ]; do echo out-$i; i=$((i+1)); done; echo LAST-LINE"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o = logs(&s, false).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.trim_end().ends_with("LAST-LINE"),
+        "the last output is shown: {:?}",
+        &out[out.len().saturating_sub(200)..]
+    );
+    assert!(o.stdout.len() as u64 <= 1 << 20, "at most a MiB is kept: {}", o.stdout.len());
+    assert!(o.stdout.len() as u64 >= 1 << 19, "at least half a MiB is kept: {}", o.stdout.len());
+    assert!(!out.contains("\nout-1\r\n") && !out.starts_with("out-0"), "the oldest output is not kept");
+    // A session that is not there: said so, exit 2; one whose runs had no terminal: exit 1.
+    let o = logs(&session("never"), false).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("has no session"), "{}", text(&o));
+    let quiet = session("quiet");
+    assert!(w.start(&quiet, &["--headless"], &["/bin/true"]).status.success());
+    let o = logs(&quiet, false).output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no terminal output kept"), "{}", text(&o));
+    // Following a run under way: its output as it comes, and the end of the run ends it.
+    let s = session("follow");
+    let o = w.start(
+        &s,
+        &[],
+        &[
+            "/bin/sh",
+            "-c",
+            "echo first-tick; while [ ! -e /workspace/go ]; do sleep 0.1; done; echo second-tick",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let mut f = logs(&s, true).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    // A follower that does not end is killed after two minutes (while it is still ours).
+    let (pid, ended) = (f.id(), std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
+    let e2 = std::sync::Arc::clone(&ended);
+    let guard = std::thread::spawn(move || {
+        let t = Instant::now();
+        while !e2.load(std::sync::atomic::Ordering::SeqCst) {
+            if t.elapsed() > Duration::from_secs(120) {
+                let _ = rustix::process::kill_process(
+                    rustix::process::Pid::from_raw(pid as i32).unwrap(),
+                    rustix::process::Signal::KILL,
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    let mut r = std::io::BufReader::new(f.stdout.take().unwrap());
+    let mut seen = String::new();
+    while !seen.contains("first-tick") {
+        let mut l = String::new();
+        assert!(std::io::BufRead::read_line(&mut r, &mut l).unwrap() > 0, "ended early: {seen:?}");
+        seen.push_str(&l);
+    }
+    fs::write(w.work.join("go"), "").unwrap();
+    r.read_to_string(&mut seen).unwrap();
+    let st = f.wait().unwrap();
+    ended.store(true, std::sync::atomic::Ordering::SeqCst);
+    guard.join().unwrap();
+    assert!(st.success(), "{st:?}: {seen}");
+    assert!(seen.contains("second-tick"), "what came after is followed: {seen:?}");
+}
+
+/// `tail -f /ctx/agent/coder.d/log` stayed silent while coder worked: every run of an agent
+/// writes its start and its end to the agent's log, and a start refused before it ran says so
+/// there too, whichever session it was on.
+#[test]
+fn every_run_of_an_agent_writes_its_start_end_and_refusals_to_the_agents_log() {
+    let w = World::new();
+    let s = session("olog");
+    let o = w.start(&s, &["--wait"], &["/bin/sh", "-c", "exit 3"]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    // A start refused: the session is running already.
+    let refused = session("orefused");
+    let o = w.start(&refused, &[], &["/bin/sh", "-c", "sleep 1000"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = w.start(&refused, &[], &["/bin/true"]);
+    assert!(!o.status.success(), "a second start of a running session is refused: {}", text(&o));
+    let o = w.stop(&refused);
+    assert!(o.status.success(), "{}", text(&o));
+    let log = fs::read_to_string(w.s.mnt.join("agent/coder.d/log")).unwrap();
+    let lines: Vec<serde_json::Value> =
+        log.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"))).collect();
+    let of = |s: &str, kind: &str| lines.iter().filter(|v| v["session"] == s && v["type"] == kind).count();
+    assert_eq!((of(&s, "run.start"), of(&s, "run.end")), (1, 1), "{log}");
+    let end = lines.iter().find(|v| v["session"] == s.as_str() && v["type"] == "run.end").unwrap();
+    assert_eq!((end["status"].as_str(), end["code"].as_i64()), (Some("error"), Some(3)), "{end}");
+    assert_eq!(of(&refused, "run.refused"), 1, "{log}");
+    let why = lines.iter().find(|v| v["session"] == refused.as_str() && v["type"] == "run.refused").unwrap();
+    assert!(
+        why["reason"].as_str().is_some_and(|r| !r.is_empty()) && why["code"].as_i64() != Some(0),
+        "{why}"
+    );
+    // The run that went: started, then stopped by the operator.
+    assert_eq!(of(&refused, "run.start"), 1, "{log}");
+    let end = lines.iter().find(|v| v["session"] == refused.as_str() && v["type"] == "run.end").unwrap();
+    assert_eq!(end["status"], "stopped", "{end}");
+}

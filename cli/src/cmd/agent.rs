@@ -209,6 +209,18 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Print a session's terminal output, kept by its terminal (the last MiB at most), also
+    /// after the run ended; --follow prints what comes after until the run has ended.
+    Logs {
+        /// The agent.
+        #[arg(add = clap_complete::ArgValueCompleter::new(crate::cmd::complete::agents))]
+        name: String,
+        #[command(flatten)]
+        at: SessionAt,
+        /// Go on printing what the terminal writes, until the session's run has ended.
+        #[arg(long, short = 'f')]
+        follow: bool,
+    },
     /// Print a session's latest output (latest.md); --rebuild first rebuilds it from messages.
     Output {
         /// The agent.
@@ -828,6 +840,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             launch::terminal::send(&control, &name, &session, &text).map_err(exit::launch)
         }
         Cmd::History { name, at, json } => session::history(&at.ctx, &name, &at.session, json),
+        Cmd::Logs { name, at, follow } => session::logs(&at.ctx, &name, &at.session, follow),
         Cmd::Output { name, at, rebuild: false, json } => session::output(&at.ctx, &name, &at.session, json),
         Cmd::Output { name, at, rebuild: true, json } => {
             session::rebuild_latest(&at.ctx, &name, &at.session, json)

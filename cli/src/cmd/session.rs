@@ -51,6 +51,75 @@ pub fn history(ctx: &Path, agent: &str, session: &str, json: bool) -> anyhow::Re
     Ok(())
 }
 
+/// `ctx agent logs`: the terminal output the session's terminal kept (`terminal.log.1` then
+/// `terminal.log`, the last [`KEPT_OUTPUT`](ctxterm::term::KEPT_OUTPUT) bytes of them); with
+/// `follow`, what the terminal writes after, until the session is no longer `active`.
+pub fn logs(ctx: &Path, agent: &str, session: &str, follow: bool) -> anyhow::Result<()> {
+    use std::io::{Read, Seek, Write};
+    let d = dir(ctx, uid_of(ctx, agent)?, agent, session);
+    let t = ctxterm::beneath::Tree::open(&d).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => {
+            Exit::new(exit::INVALID, format!("agent {agent} has no session {session}"))
+        }
+        _ => Exit::new(exit::FAILURE, format!("{}: {e}", d.display())),
+    })?;
+    let (log, max) = (policy::runtime::TERMINAL_LOG, ctxterm::term::KEPT_OUTPUT);
+    let open = || t.open_regular(log, rustix::fs::OFlags::RDONLY);
+    let mut cur = match open() {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(Exit::new(
+                exit::FAILURE,
+                format!("agent {agent} session {session}: no terminal output kept (a run with a terminal keeps it)"),
+            )
+            .into());
+        }
+        Err(e) => return Err(Exit::io(d.join(log).display(), &e).into()),
+    };
+    let previous = match t.read(format!("{log}.1"), max) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(Exit::io(d.join(format!("{log}.1")).display(), &e).into()),
+    };
+    let mut now = Vec::new();
+    (&mut cur).take(max).read_to_end(&mut now).map_err(|e| Exit::io(d.join(log).display(), &e))?;
+    let mut all = previous;
+    all.extend_from_slice(&now);
+    let from = all.len().saturating_sub(usize::try_from(max).unwrap_or(usize::MAX));
+    let mut out = std::io::stdout().lock();
+    out.write_all(&all[from..])?;
+    out.flush()?;
+    if !follow {
+        return Ok(());
+    }
+    // The position read to, in the file the terminal writes now; a new file at the name is
+    // the terminal's next half (the old one went to `.1`, its rest read before switching).
+    let ino = |f: &std::fs::File| f.metadata().map(|m| std::os::unix::fs::MetadataExt::ino(&m)).ok();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = cur.read(&mut buf).map_err(|e| Exit::io(d.join(log).display(), &e))?;
+        if n > 0 {
+            out.write_all(&buf[..n])?;
+            out.flush()?;
+            continue;
+        }
+        let moved = open().ok().filter(|f| ino(f) != ino(&cur));
+        if let Some(f) = moved {
+            cur = f;
+            cur.rewind()?;
+            continue;
+        }
+        let state = t.read_string("state", 64).unwrap_or_default();
+        if state.trim() != "active" {
+            // The run has ended: what it wrote last is in the file already.
+            let n = cur.read(&mut buf)?;
+            out.write_all(&buf[..n])?;
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// `ctx agent output`: the session's `latest.md`.
 pub fn output(ctx: &Path, agent: &str, session: &str, json: bool) -> anyhow::Result<()> {
     let d = dir(ctx, uid_of(ctx, agent)?, agent, session);

@@ -165,7 +165,7 @@ pub fn command(c: &Contract, procs: &[PathBuf]) -> Result<Command> {
         None => cmd.args(["--dir", "/home/agent"]),
     };
     cmd.args(["--hostname", &c.agent]);
-    cmd.arg("--bind").arg(&c.view).arg("/ctx");
+    cmd.arg("--bind").arg(&c.view).arg(runtime::SANDBOX_CTX);
     cmd.arg("--bind").arg(c.runtime.join("term")).arg(runtime::SANDBOX_TERMINAL);
     cmd.arg("--bind").arg(c.runtime.join("receipt")).arg(runtime::SANDBOX_RECEIPT);
     if let Some(w) = &workspace {
@@ -188,6 +188,12 @@ pub fn command(c: &Contract, procs: &[PathBuf]) -> Result<Command> {
     }
     if c.wait_client && !c.headless {
         cmd.arg("--wait-client");
+    }
+    // The terminal's output, kept in the session (the agent's, as the terminal is) for
+    // `ctx agent logs` after the run; a run that may write nothing but its records keeps none.
+    if !c.headless && !c.records_only {
+        cmd.arg("--keep-output")
+            .arg(c.session_dir(Path::new(runtime::SANDBOX_CTX)).join(runtime::TERMINAL_LOG));
     }
     if let Some(k) = &c.key_env {
         cmd.args(["--key-fd", "4", "--key-env", k]);

@@ -48,6 +48,10 @@ pub fn code_of(status: std::process::ExitStatus) -> i32 {
 /// A start that fails removes what it made: the view, and the run's directory (unless another
 /// start of the session got its supervisor going meanwhile).
 fn spawn(s: &Start) -> Result<(Contract, std::process::Child)> {
+    spawn_run(s).inspect_err(|e| refused(&s.ctx, &s.agent, &s.session, &e.to_string(), i32::from(e.code())))
+}
+
+fn spawn_run(s: &Start) -> Result<(Contract, std::process::Child)> {
     let c = contract::derive(s)?;
     rundir::prepare(&c)?;
     let mut view_made = false;
@@ -429,6 +433,11 @@ pub fn supervise(contract_file: &Path, key_fd: Option<i32>) -> Result<()> {
         Err(e) => {
             eprintln!("agent {} session {}: the run could not go on: {e}", c.agent, c.session);
             let _ = ended_event(&c, "run.failed", &e.to_string(), 70);
+            object_log(
+                &c,
+                &json!({"ts": session::timestamp(), "type": "run.failed", "agent": c.agent,
+                    "session": c.session, "reason": e.to_string(), "code": 70}),
+            );
             run_end(&c, "error", 70, None, Duration::ZERO);
             session::finish(&c.session_dir(&c.ctx), 70);
             70
@@ -522,6 +531,12 @@ fn serve_run(
     }
     let mut child = cmd.spawn().map_err(Error::Spawn)?;
     let started = Instant::now();
+    object_log(
+        c,
+        &json!({"ts": session::timestamp(), "type": "run.start", "agent": c.agent, "session": c.session,
+            "pid": std::process::id(), "profile": c.profile.as_ref().map(|p| &p.0), "model": c.model,
+            "headless": c.headless, "workspace": c.workspace.is_some(), "shared": c.space}),
+    );
     let mut timed_out = false;
     let pid = rustix::process::Pid::from_child(&child);
     let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
@@ -686,6 +701,28 @@ fn run_end(c: &Contract, state: &str, code: i32, by: Option<&str>, ran: Duration
     if let Err(e) = session::append_event(&c.session_dir(&c.ctx), &event) {
         eprintln!("agent {} session {}: cannot record run.end: {e}", c.agent, c.session);
     }
+    object_log(c, &event);
+}
+
+/// Appends `event` to the agent's own log (`agent/<n>.d/log`, through /ctx), where every run of
+/// the agent is followed whichever session it is on; a failure is said in the supervisor's log.
+fn object_log(c: &Contract, event: &serde_json::Value) {
+    let dir = c.ctx.join("agent").join(format!("{}.d", c.agent));
+    if let Err(e) = session::append_line(&dir, "log", event) {
+        eprintln!(
+            "agent {} session {}: cannot record {} in agent/{}.d/log: {e}",
+            c.agent, c.session, event["type"], c.agent
+        );
+    }
+}
+
+/// Appends a refused start of `agent`'s session `session` (`why`, exit code `code`) to the
+/// agent's log, through the host's /ctx `ctx`: a refusal that made no run is seen there too.
+pub fn refused(ctx: &Path, agent: &str, session: &str, why: &str, code: i32) {
+    let dir = ctx.join("agent").join(format!("{agent}.d"));
+    let event = json!({"ts": session::timestamp(), "type": "run.refused", "agent": agent,
+        "session": session, "reason": why, "code": code});
+    let _ = session::append_line(&dir, "log", &event);
 }
 
 /// Appends an event saying why a run ended to its session, through /ctx.
