@@ -134,7 +134,7 @@ s=socket.socket(socket.AF_UNIX); s.connect("/run/cortexfs/receipt/main.sock")
 s.sendall(json.dumps({{"op":"agent.start","input":{{"name":"worker","session":"../../../../tool"}}}}).encode()+b"\n")
 print(s.makefile().readline())' > raw-session.out 2>&1
 sh -c 'echo x > /ctx/agent/chief.d/system.md' 2> direct.out; echo "$?" >> /workspace/codes
-t agent.start '{{"name":"worker","session":"ok","cmd":["/bin/sleep","0.5"]}}' > s1.out 2>&1
+t agent.start '{{"name":"worker","session":"ok","cmd":["/bin/sh","-c","echo child-answer-ok; echo {{}} > $CTX_HOME/agent/worker/session/ok/context/refs.jsonl; sleep 0.5"]}}' > s1.out 2>&1
 t agent.start '{{"name":"worker","session":"bad","cmd":["/bin/sh","-c","sleep 0.5; exit 3"]}}' > s2.out 2>&1
 for i in $(seq 100); do
   [ "$(cat {child_status}/worker.ok/status)" = done ] && [ "$(cat {child_status}/worker.bad/status)" = error ] && break
@@ -217,6 +217,12 @@ t agent.start '{{"name":"worker","session":"long","handoff":"count sheep","cmd":
         assert!(rec.join(f).exists(), "{f}");
     }
     assert!(rec.join("artifact").is_dir());
+    // What a child produced lands in its record when it ends: its answer (here the end of its
+    // terminal's output) and its references.
+    let ok_rec = rec.with_file_name("worker.ok");
+    let result = fs::read_to_string(ok_rec.join("result.md")).unwrap();
+    assert!(result.contains("child-answer-ok"), "{result:?}");
+    assert_eq!(fs::read_to_string(ok_rec.join("refs.jsonl")).unwrap().trim(), "{}");
     // `ctx agent new` inside a sandbox goes through agent.create (no grant for worker2: 13); an
     // agent without the lifecycle tools gets "service unavailable" (69).
     assert!(read("via-ctx.out").contains("agent:<child> create"), "{}", read("via-ctx.out"));

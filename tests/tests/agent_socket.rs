@@ -231,7 +231,8 @@ fn a_client_drives_two_agents_at_once_and_each_turn_is_recorded_once() {
     let e = big.next();
     assert_eq!(e["code"], "EMSGSIZE", "{e}");
     // Codex continues its own conversation of the session.
-    cx.send(json!({"op": "send", "id": "cx2", "session": s, "cwd": cwd, "input": "again"}));
+    cx.send(json!({"op": "send", "id": "cx2", "session": s, "cwd": cwd, "input": "again",
+        "files": ["/workspace/a.txt", "/ctx/shared/project-a/input/screenshot.png"]}));
     assert_eq!(cx.until(done("cx2")).last().unwrap()["status"], "ok");
     let last = ep.seen().last().unwrap().body.to_string();
     assert!(
@@ -255,6 +256,15 @@ fn a_client_drives_two_agents_at_once_and_each_turn_is_recorded_once() {
     for id in ["cx1", "cx2"] {
         assert_eq!((count(&r, id, "user"), count(&r, id, "assistant")), (1, 1), "{id}: {r:?}");
     }
+    // The files a turn names are the session's references, once (the replay added none).
+    let refs = fs::read_to_string(
+        h.s.storage.join(format!("home/1000/agent/sockcx/session/{s}/context/refs.jsonl")),
+    )
+    .unwrap_or_default();
+    let refs: Vec<Value> = refs.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let paths: Vec<&str> = refs.iter().map(|v| v["path"].as_str().unwrap_or("")).collect();
+    assert_eq!(paths, ["/workspace/a.txt", "/ctx/shared/project-a/input/screenshot.png"], "{refs:?}");
+    assert!(refs.iter().all(|v| v["kind"] == "file" && v["turn"] == "cx2"), "{refs:?}");
     let r = records(&h, 1001, "sockrt", &s);
     assert_eq!((count(&r, "rt1", "user"), count(&r, "rt1", "assistant"), r.len()), (1, 1, 2), "{r:?}");
     let latest = h.s.storage.join(format!("home/1000/agent/sockcx/session/{s}/latest.md"));

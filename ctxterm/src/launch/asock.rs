@@ -819,6 +819,10 @@ impl Server {
             if let Err(e) = append(&dir, &user) {
                 return fail("EIO", format!("{}: {e}", dir.join("messages.jsonl").display()));
             }
+            // The files a turn names are the session's references too (`context/refs.jsonl`).
+            if let Err(e) = refs(&dir, &s, caller) {
+                return fail("EIO", format!("{}: {e}", dir.join("context/refs.jsonl").display()));
+            }
         }
         let mut start = json!({"type": "start", "id": s.id, "session": s.session});
         if joined.is_some() {
@@ -1365,6 +1369,23 @@ fn read_records(dir: &Path) -> Vec<Value> {
 /// Appends one record to a session's `messages.jsonl`: durable when it returns.
 fn append(dir: &Path, record: &Value) -> std::io::Result<()> {
     session::append_line(dir, "messages.jsonl", record)
+}
+
+/// Appends a line per file the turn `s` names to the session's `context/refs.jsonl` (made
+/// when missing, as the agent's): `{"ts","kind":"file","path","turn","from_uid"}`. Synced.
+fn refs(dir: &Path, s: &asock::Send, caller: u32) -> std::io::Result<()> {
+    if s.files.is_empty() {
+        return Ok(());
+    }
+    let ts = session::timestamp();
+    let mut lines = String::new();
+    for f in &s.files {
+        lines.push_str(
+            &json!({"ts": ts, "kind": "file", "path": f, "turn": s.id, "from_uid": caller}).to_string(),
+        );
+        lines.push('\n');
+    }
+    session::append_ref_lines(dir, &lines)
 }
 
 /// Writes one frame.

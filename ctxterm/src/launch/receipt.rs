@@ -115,6 +115,46 @@ pub fn supervisor_pids(children: &Children) -> Vec<i32> {
         .collect()
 }
 
+/// The most of a child's result (and of its references) its parent's record takes.
+const RESULT_MAX: u64 = 1 << 20;
+
+/// What a child session answered: its `latest.md` when it has one, else the content of its last
+/// assistant message, else the last [`RESULT_MAX`]/16 bytes its terminal wrote.
+fn child_answer(session: &Tree) -> Vec<u8> {
+    if let Ok(b) = session.read("latest.md", RESULT_MAX)
+        && !b.iter().all(u8::is_ascii_whitespace)
+    {
+        return b;
+    }
+    // Its end: the last lines, whole ones only after the first cut.
+    let messages = tail(session, "messages.jsonl", 4 * RESULT_MAX).unwrap_or_default();
+    let last = messages.split(|b| *b == b'\n').rev().find_map(|l| {
+        let v: serde_json::Value = serde_json::from_slice(l).ok()?;
+        (v["role"] == "assistant").then(|| v["content"].as_str().map(str::to_owned)).flatten()
+    });
+    if let Some(text) = last.filter(|t| !t.trim().is_empty()) {
+        let mut b = text.into_bytes();
+        b.truncate(usize::try_from(RESULT_MAX).unwrap_or(usize::MAX));
+        return b;
+    }
+    let mut out =
+        session.read(format!("{}.1", policy::runtime::TERMINAL_LOG), RESULT_MAX).unwrap_or_default();
+    out.extend(session.read(policy::runtime::TERMINAL_LOG, RESULT_MAX).unwrap_or_default());
+    let keep = usize::try_from(RESULT_MAX / 16).unwrap_or(usize::MAX);
+    out.split_off(out.len().saturating_sub(keep))
+}
+
+/// The last `max` bytes (at most) of the regular file `rel` of `dir`.
+fn tail(dir: &Tree, rel: &str, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Seek;
+    let mut f = dir.open_regular(rel, rustix::fs::OFlags::RDONLY)?;
+    let len = f.metadata()?.len();
+    f.seek(std::io::SeekFrom::Start(len.saturating_sub(max)))?;
+    let mut out = Vec::new();
+    f.take(max).read_to_end(&mut out)?;
+    Ok(out)
+}
+
 /// The reply to a failed call, with the exit code it carries.
 fn failed(e: &Error) -> Reply {
     Reply::refused(i32::from(e.code()), e.to_string())
@@ -343,7 +383,33 @@ impl Run {
         if let Err(e) = rundir::stop(&self.control, child, session, &by) {
             eprintln!("ctx: stopping agent {child} session {session}: {e}");
         }
+        self.collect(child, session);
         self.set_status(child, session, "cancelled");
+    }
+
+    /// Puts what the ended child produced in its record, before its status says it ended:
+    /// `result.md` (its session's `latest.md`, else its last assistant message, else the end of
+    /// its terminal's output) and `refs.jsonl` (its session's `context/refs.jsonl`), each synced.
+    /// Once: a record whose result is written keeps it. The child's session is its agent's
+    /// tree, read beneath it and bounded.
+    fn collect(&self, child: &str, session: &str) {
+        let Ok(rec) = self.child_dir(child, session) else { return };
+        if rec.stat("result.md").is_ok_and(|s| s.st_size > 0) {
+            return;
+        }
+        let Ok(uid) = self.ctx_read(&format!("agent/{child}.d/uid")).trim().parse::<u32>() else { return };
+        let Ok(from) = Tree::open(&policy::runtime::session_dir(&self.ctx, uid, child, session)) else {
+            return;
+        };
+        let put = |name: &str, bytes: &[u8]| {
+            if let Err(e) = rec.write(name, bytes, 0o644).and_then(|f| f.sync_all()) {
+                eprintln!("ctx: agent {child} session {session}: its {name}: {e}");
+            }
+        };
+        put("result.md", &child_answer(&from));
+        if let Ok(refs) = from.read("context/refs.jsonl", RESULT_MAX) {
+            put("refs.jsonl", &refs);
+        }
     }
 
     /// Records the end of children that finished on their own: `done` (status 0) or `error`.
@@ -358,6 +424,7 @@ impl Run {
                 continue;
             }
             if let Some(code) = rundir::exit_of(&self.control, child, session) {
+                self.collect(child, session);
                 self.set_status(child, session, if code == 0 { "done" } else { "error" });
             }
         }

@@ -257,6 +257,23 @@ pub fn replace_file(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Appends `lines` (whole JSON lines) to the session's `context/refs.jsonl` in one write, made
+/// (and `context/` with it) as the session directory's owner's when missing; synced. Never
+/// through a symlink.
+pub fn append_ref_lines(dir: &Path, lines: &str) -> std::io::Result<()> {
+    let d = open_dir(dir)?;
+    let context = sub_dir(&d, "context")?;
+    let f = file_at(&context, "refs.jsonl", OFlags::APPEND | OFlags::CREATE)?;
+    let st = rustix::fs::fstat(&d)?;
+    let _ = rustix::fs::fchown(
+        &f,
+        Some(rustix::fs::Uid::from_raw(st.st_uid)),
+        Some(rustix::fs::Gid::from_raw(st.st_gid)),
+    );
+    (&f).write_all(lines.as_bytes())?;
+    f.sync_data()
+}
+
 /// Now, as events stamp it.
 pub fn timestamp() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()
