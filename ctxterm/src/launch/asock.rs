@@ -820,7 +820,7 @@ impl Server {
                 return fail("EIO", format!("{}: {e}", dir.join("messages.jsonl").display()));
             }
             // The files a turn names are the session's references too (`context/refs.jsonl`).
-            if let Err(e) = refs(&dir, &s, caller) {
+            if let Err(e) = refs(&dir, s, caller) {
                 return fail("EIO", format!("{}: {e}", dir.join("context/refs.jsonl").display()));
             }
         }
