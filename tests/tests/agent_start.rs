@@ -1416,7 +1416,20 @@ fn a_stopped_run_says_who_stopped_it_and_a_running_agent_is_not_removed() {
         assert!(out.status.success(), "{}", text(&out));
     }
     let ps = String::from_utf8_lossy(&ctx(&["agent", "ps"]).stdout).into_owned();
-    assert!(ps.starts_with("AGENT\tSESSION\tPID\tSTATE\tSINCE\n"), "{ps}");
+    assert!(
+        ps.starts_with("AGENT\tSESSION\tPID\tSTATE\tSINCE\tUPTIME\tPROFILE\tMODEL\tCPU\tMEM\tPIDS\n"),
+        "{ps}"
+    );
+    // Each running run with its uptime and what its groups say it uses (the ceilings a run
+    // gets by default: memory and processes; CPU time only under a CPU ceiling).
+    let line = ps.lines().find(|l| l.starts_with(&format!("coder\t{a}\t"))).unwrap();
+    let f: Vec<&str> = line.split('\t').collect();
+    assert_eq!(f.len(), 11, "{line}");
+    assert!(f[5].ends_with('s') && f[4] != "-", "{line}");
+    assert!(f[9].ends_with("MiB") && f[10].parse::<u32>().is_ok_and(|n| n >= 1), "{line}");
+    let js: serde_json::Value = serde_json::from_slice(&ctx(&["agent", "ps", "--json"]).stdout).unwrap();
+    let run = js.as_array().unwrap().iter().find(|r| r["session"] == a.as_str()).unwrap();
+    assert!(run["memory_bytes"].as_u64().is_some_and(|b| b > 0) && run["uptime_s"].is_u64(), "{run}");
     assert!(!ps.contains(&s2) && ps.contains(&format!("coder\t{a}\t")), "{ps}");
     let all = String::from_utf8_lossy(&ctx(&["agent", "ps", "--all"]).stdout).into_owned();
     assert!(all.lines().any(|l| l.starts_with(&format!("coder\t{s2}\t-\texited 0\t"))), "{all}");

@@ -146,7 +146,8 @@ pub enum Cmd {
     },
     /// List running agent sessions: AGENT, SESSION, supervisor PID, STATE, SINCE.
     Ps {
-        /// Print a JSON array of {"agent","session","pid","state","exit","since"} objects.
+        /// Print a JSON array of {"agent","session","pid","state","exit","since","uptime_s",
+        /// "profile","model","cpu_ms","memory_bytes","pids"} objects.
         #[arg(long)]
         json: bool,
         /// Ended runs too (STATE `exited N`; SINCE when it ended).
@@ -633,28 +634,47 @@ fn ps(control: &Path, json: bool, all: bool) -> anyhow::Result<()> {
                 .to_string()
         })
     };
+    let usage = |r: &launch::RunInfo| r.usage.unwrap_or_default();
     if json {
         let v: Vec<serde_json::Value> = runs
             .iter()
             .map(|r| {
+                let u = usage(r);
                 serde_json::json!({"agent": r.agent, "session": r.session, "pid": r.pid,
-                    "state": if r.pid.is_some() { "running" } else { "exited" }, "exit": r.exit, "since": since(r)})
+                    "state": if r.pid.is_some() { "running" } else { "exited" }, "exit": r.exit, "since": since(r),
+                    "uptime_s": r.pid.and(r.since).map(uptime), "profile": r.profile, "model": r.model,
+                    "cpu_ms": u.cpu_ns.map(|n| n / 1_000_000), "memory_bytes": u.memory, "pids": u.pids})
             })
             .collect();
         return out::line(serde_json::Value::Array(v));
     }
-    let mut list = out::Listing::new("AGENT\tSESSION\tPID\tSTATE\tSINCE");
+    let mut list =
+        out::Listing::new("AGENT\tSESSION\tPID\tSTATE\tSINCE\tUPTIME\tPROFILE\tMODEL\tCPU\tMEM\tPIDS");
+    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
     for r in &runs {
         let pid = r.pid.map_or_else(|| "-".to_owned(), |p| p.to_string());
+        let u = usage(r);
         list.row(format_args!(
-            "{}\t{}\t{pid}\t{}\t{}",
+            "{}\t{}\t{pid}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
             r.agent,
             r.session,
             state(r),
-            since(r).unwrap_or_else(|| "-".into())
+            or_dash(since(r)),
+            or_dash(r.pid.and(r.since).map(|t| format!("{}s", uptime(t)))),
+            or_dash(r.profile.clone()),
+            or_dash(r.model.clone()),
+            or_dash(u.cpu_ns.map(|n| format!("{:.2}s", n as f64 / 1e9))),
+            or_dash(u.memory.map(|b| format!("{:.1}MiB", b as f64 / f64::from(1u32 << 20)))),
+            or_dash(u.pids.map(|n| n.to_string())),
         ))?;
     }
     Ok(())
+}
+
+/// Seconds from `since` (seconds since the epoch) to now.
+fn uptime(since: i64) -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    now.saturating_sub(u64::try_from(since).unwrap_or(0))
 }
 
 /// Who an operator's `ctx agent stop` says stopped a run.

@@ -95,6 +95,42 @@ fn place(c: Controller) -> Option<Place> {
         .map(|(d, _, _)| Place::V1(d))
 }
 
+/// What the groups of a run say it uses (each `None` where the run has no group of that
+/// controller: no ceiling of that kind).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Memory charged to it, in bytes.
+    pub memory: Option<u64>,
+    /// CPU time it used, in nanoseconds.
+    pub cpu_ns: Option<u64>,
+    /// Its processes.
+    pub pids: Option<u64>,
+}
+
+/// What the groups of the run `name` (as [`create`] names them) say it uses.
+pub fn usage(name: &str) -> Usage {
+    let number = |p: PathBuf| std::fs::read_to_string(p).ok().and_then(|s| s.trim().parse::<u64>().ok());
+    let group = |c: Controller| match place(c)? {
+        Place::V2(r) => Some((r.join("cortexfs").join(name), true)),
+        Place::V1(r) => Some((r.join("cortexfs").join(name), false)),
+    };
+    let existing = |c: Controller| group(c).filter(|(d, _)| d.is_dir());
+    let memory = existing(Controller::Memory)
+        .and_then(|(d, v2)| number(d.join(if v2 { "memory.current" } else { "memory.usage_in_bytes" })));
+    let pids = existing(Controller::Pids).and_then(|(d, _)| number(d.join("pids.current")));
+    let cpu_ns = existing(Controller::Cpu).and_then(|(d, v2)| {
+        if v2 {
+            let stat = std::fs::read_to_string(d.join("cpu.stat")).ok()?;
+            let us = stat.lines().find_map(|l| l.strip_prefix("usage_usec "))?.trim().parse::<u64>().ok()?;
+            Some(us * 1000)
+        } else {
+            // cpuacct shares the cpu hierarchy where the host mounts them together.
+            number(d.join("cpuacct.usage"))
+        }
+    });
+    Usage { memory, cpu_ns, pids }
+}
+
 /// The ceilings a run asks for, each with where it can be applied; an error names the first
 /// that cannot be.
 pub fn plan(l: &Limits) -> Result<Vec<String>, Error> {

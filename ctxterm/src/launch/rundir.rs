@@ -176,6 +176,12 @@ pub struct RunInfo {
     pub exit: Option<i32>,
     /// When its directory last changed (started, or ended), seconds since the epoch.
     pub since: Option<i64>,
+    /// The profile it was started with, while it runs.
+    pub profile: Option<String>,
+    /// The model its CLI is pointed at, while it runs.
+    pub model: Option<String>,
+    /// What its groups say it uses, while it runs.
+    pub usage: Option<super::cgroups::Usage>,
 }
 
 /// Every run the daemon of `control` knows of: those under way and those ended (whose status
@@ -194,12 +200,19 @@ pub fn runs(control: &Path) -> Vec<RunInfo> {
                 continue;
             }
             let since = agent.stat(&s).ok().map(|st| st.st_mtime);
+            let (agent_name, session) = (a.to_string_lossy().into_owned(), s.to_string_lossy().into_owned());
+            // What runs: its contract (root's), its groups.
+            let contract = pid.and_then(|_| read_contract(&dir.join("contract.json")).ok());
+            let usage = pid.map(|_| super::cgroups::usage(&format!("{agent_name}.{session}")));
             out.push(RunInfo {
-                agent: a.to_string_lossy().into_owned(),
-                session: s.to_string_lossy().into_owned(),
+                profile: contract.as_ref().and_then(|c| c.profile.as_ref().map(|p| p.0.clone())),
+                model: contract.and_then(|c| c.model),
+                agent: agent_name,
+                session,
                 pid,
                 exit,
                 since,
+                usage,
             });
         }
     }
