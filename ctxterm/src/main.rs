@@ -105,7 +105,8 @@ fn main() -> ExitCode {
         .init();
     if let Some(Run::Supervise { contract, key_fd }) = &cli.run {
         return match ctxterm::launch::supervise(contract, *key_fd) {
-            Ok(()) => ExitCode::SUCCESS,
+            // The run's status is the supervisor's.
+            Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
             Err(e) => {
                 eprintln!("ctxterm: {e}");
                 ExitCode::from(e.code())

@@ -160,6 +160,8 @@ impl From<rustix::io::Errno> for RunError {
 /// code to use (the child's, or 128 + its signal).
 pub fn run(opts: &Options) -> Result<i32, RunError> {
     rustix::process::set_child_subreaper(Some(rustix::process::getpid()))?;
+    // Kept output is there (begun afresh) before the terminal answers anyone.
+    let keep = opts.keep.clone().map(Keeper::new);
     let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
     grantpt(&master)?;
     unlockpt(&master)?;
@@ -223,7 +225,6 @@ pub fn run(opts: &Options) -> Result<i32, RunError> {
 
     let reader = {
         let (mut m, state) = (master.try_clone()?, Arc::clone(&state));
-        let keep = opts.keep.clone().map(Keeper::new);
         std::thread::Builder::new().name("pty".into()).spawn(move || pump(&mut m, &state, keep))?
     };
     // Held by every client's writer while it runs: the terminal's last output reaches the

@@ -216,8 +216,18 @@ fn stop_leaves_nothing_behind_and_two_clients_share_the_terminal() {
     std::thread::sleep(Duration::from_millis(100));
     let out = w.stop(&s);
     assert!(out.status.success(), "{}", text(&out));
-    let recorded: i32 =
-        fs::read_to_string(w.s.run_dir("coder", &s).join("exit")).unwrap().trim().parse().unwrap();
+    let ended: serde_json::Value = serde_json::from_slice(
+        &Command::new(tests::bin("ctx"))
+            .args(["agent", "ps", "--all", "--json", "--control"])
+            .arg(&w.s.control)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let recorded = ended.as_array().unwrap().iter().find(|r| r["session"] == s.as_str()).unwrap()["exit"]
+        .as_i64()
+        .unwrap() as i32;
     assert_ne!(recorded, 0, "stopped by a signal");
     assert_eq!(watch.wait().unwrap().code(), Some(recorded), "the status reaches watchers");
     let left = Command::new("pgrep").args(["-f", "sleep 1000"]).output().unwrap();

@@ -586,14 +586,22 @@ fn run_state_is_roots_holds_no_command_line_after_stop_and_goes_with_the_run() {
     assert!(view.exists());
     ok(&["agent", "stop", "quiet", "--session", &s, "--control", h.s.control.to_str().unwrap()]);
     assert!(!contract.exists(), "the contract goes with the run");
-    let left: Vec<String> =
-        fs::read_dir(&run).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
-    let mut left = left;
-    left.sort();
-    assert_eq!(left, ["exit", "log"], "only the status and the supervisor's log stay");
-    for f in &left {
-        assert!(!fs::read_to_string(run.join(f)).unwrap().contains(secret), "{f} holds no command line");
-    }
+    // Nothing of the run stays in the runtime directory: its status and the end of its log are
+    // in the daemon's bounded record of ended runs (root's), which holds no command line.
+    assert!(!run.exists(), "the run's directory goes with the run");
+    assert!(!run.parent().unwrap().exists(), "and its agent's, the last run of it gone");
+    let ended = h.s.rt().join("ended.jsonl");
+    let m = fs::metadata(&ended).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o600), "the record of ended runs is root's alone");
+    let text = fs::read_to_string(&ended).unwrap();
+    let line: serde_json::Value =
+        serde_json::from_str(text.lines().find(|l| l.contains(&s)).expect("the run's end is recorded"))
+            .unwrap();
+    assert!(
+        line["exit"].is_i64() && line["log"].as_str().is_some_and(|l| l.contains("terminal ended")),
+        "{line}"
+    );
+    assert!(!text.contains(secret), "the record holds no command line");
     assert!(!view.exists(), "the view's directory goes with the view");
 }
 

@@ -415,15 +415,19 @@ impl Run {
     /// Records the end of children that finished on their own: `done` (status 0) or `error`.
     pub fn reap(&self, children: &Children) {
         for o in children.lock().unwrap_or_else(|p| p.into_inner()).iter_mut() {
-            // A supervisor that ended is waited for: no zombie stays.
-            if o.supervisor.as_mut().is_some_and(|s| s.try_wait().is_ok_and(|st| st.is_some())) {
+            // A supervisor that ended is waited for (no zombie stays); its status is the run's.
+            let mut ended = None;
+            if let Some(s) = o.supervisor.as_mut()
+                && let Ok(Some(st)) = s.try_wait()
+            {
+                ended = Some(supervise::code_of(st));
                 o.supervisor = None;
             }
             let (child, session) = (&o.agent, &o.session);
             if self.child_status(child, session) != "active" {
                 continue;
             }
-            if let Some(code) = rundir::exit_of(&self.control, child, session) {
+            if let Some(code) = ended.or_else(|| rundir::exit_of(&self.control, child, session)) {
                 self.collect(child, session);
                 self.set_status(child, session, if code == 0 { "done" } else { "error" });
             }

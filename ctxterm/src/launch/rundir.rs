@@ -2,8 +2,9 @@
 //! (`/run/cortexfs/agent/<agent>/<session>/` for the default daemon): `pid` (the supervisor),
 //! `log` and `contract.json` (root's, 0600), `exit` (the terminal's status), `term/` and
 //! `receipt/` (the agent's socket directories, bound into the sandbox), and what the
-//! supervisor prepares there (`workspace`, `mounts/`, `seccomp.bpf`). What stays of a run that
-//! ended is its `exit` and its `log`.
+//! supervisor prepares there (`workspace`, `mounts/`, `seccomp.bpf`). Nothing of a run stays
+//! there once it has ended: its status, when it ended and the end of its log go to the daemon's
+//! bounded record of ended runs ([`ENDED`]), then the directory goes.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -34,18 +35,104 @@ pub fn supervisor(run: &Path) -> Option<i32> {
 }
 
 /// The recorded exit status of a finished agent session of the daemon of `control`, if it
-/// has finished.
+/// has finished (its last run's).
 pub fn exit_of(control: &Path, agent: &str, session: &str) -> Option<i32> {
     let run = runtime::run_dir(control, agent, session);
     if supervisor(&run).is_some() {
         return None;
     }
-    recorded_exit(&run)
+    ended(control, agent, session, None).map(|e| e.exit)
 }
 
-/// The status recorded in `run/exit`.
-pub fn recorded_exit<T: std::str::FromStr>(run: &Path) -> Option<T> {
-    Tree::open(run).and_then(|t| t.read_string("exit", 64)).ok()?.trim().parse().ok()
+/// The daemon's record of ended runs, in its runtime directory (root's, 0600): a JSON line per
+/// run ([`Ended`]), appended by its supervisor as it ends. Past [`ENDED_MAX`] bytes it goes to
+/// `ended.jsonl.1` (the one before is dropped), so what ended runs leave in the runtime
+/// directory is bounded however many there were.
+pub const ENDED: &str = "ended.jsonl";
+/// The size at which [`ENDED`] is turned over.
+pub const ENDED_MAX: u64 = 1 << 20;
+/// How much of the end of a supervisor's log its [`Ended`] line keeps.
+const LOG_KEPT: u64 = 2048;
+
+/// A run that ended, as the daemon's record of ended runs holds it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Ended {
+    /// The agent.
+    pub agent: String,
+    /// The session.
+    pub session: String,
+    /// Its supervisor's pid.
+    pub pid: i32,
+    /// The status it ended with.
+    pub exit: i32,
+    /// When it ended, seconds since the epoch.
+    pub ended: i64,
+    /// The end of its supervisor's log (what it said; never the command line).
+    pub log: String,
+}
+
+/// Records the end of the run of `c` (supervisor `pid`, status `code`) in the daemon's record
+/// of ended runs, with the end of its log.
+pub fn record_end(c: &Contract, pid: i32, code: i32) -> Result<()> {
+    use std::io::{Read, Seek};
+    let dir = runtime::daemon_dir(&c.control);
+    let path = dir.join(ENDED);
+    let mut log = String::new();
+    // root's: the run directory
+    if let Ok(mut f) = std::fs::File::open(c.runtime.join("log")) {
+        let len = f.metadata().map_or(0, |m| m.len());
+        let _ = f.seek(std::io::SeekFrom::Start(len.saturating_sub(LOG_KEPT)));
+        let mut b = Vec::new();
+        let _ = f.take(LOG_KEPT).read_to_end(&mut b);
+        log = String::from_utf8_lossy(&b).into_owned();
+    }
+    let ended = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let e = Ended {
+        agent: c.agent.clone(),
+        session: c.session.clone(),
+        pid,
+        exit: code,
+        ended: i64::try_from(ended).unwrap_or(i64::MAX),
+        log,
+    };
+    let mut line = serde_json::to_vec(&e).map_err(|e| Error::Supervise(e.to_string()))?;
+    line.push(b'\n');
+    let open = || {
+        use std::os::unix::fs::OpenOptionsExt;
+        // root's: the daemon's runtime directory
+        std::fs::OpenOptions::new().append(true).create(true).mode(0o600).open(&path).map_err(at(&path))
+    };
+    let mut f = open()?;
+    // One appender at a time, so that the turn-over loses no line.
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive).map_err(|e| at(&path)(e.into()))?;
+    if f.metadata().map_or(0, |m| m.len()) >= ENDED_MAX {
+        let mut old = path.clone().into_os_string();
+        old.push(".1");
+        std::fs::rename(&path, &old).map_err(at(&path))?; // root's: the daemon's runtime directory
+        f = open()?;
+    }
+    f.write_all(&line).map_err(at(&path))
+}
+
+/// The ended runs the daemon of `control` records, oldest first.
+fn ended_runs(control: &Path) -> Vec<Ended> {
+    let dir = runtime::daemon_dir(control);
+    let mut out = Vec::new();
+    for name in [format!("{ENDED}.1"), ENDED.to_owned()] {
+        // root's: the daemon's runtime directory
+        let Ok(text) = Tree::open(dir).and_then(|t| t.read_string(&name, 2 * ENDED_MAX)) else { continue };
+        out.extend(text.lines().filter_map(|l| serde_json::from_str::<Ended>(l).ok()));
+    }
+    out
+}
+
+/// The last recorded end of `agent` `session` of the daemon of `control` (of the run whose
+/// supervisor was `pid`, when given).
+pub fn ended(control: &Path, agent: &str, session: &str, pid: Option<i32>) -> Option<Ended> {
+    ended_runs(control)
+        .into_iter()
+        .rev()
+        .find(|e| e.agent == agent && e.session == session && pid.is_none_or(|p| p == e.pid))
 }
 
 fn at(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
@@ -184,21 +271,43 @@ pub struct RunInfo {
     pub usage: Option<super::cgroups::Usage>,
 }
 
-/// Every run the daemon of `control` knows of: those under way and those ended (whose status
-/// is kept in their directory), sorted by agent and session.
+impl RunInfo {
+    fn ended(e: Ended) -> RunInfo {
+        RunInfo {
+            agent: e.agent,
+            session: e.session,
+            pid: None,
+            exit: Some(e.exit),
+            since: Some(e.ended),
+            profile: None,
+            model: None,
+            usage: None,
+        }
+    }
+}
+
+/// Every run the daemon of `control` knows of: those under way and those ended (each session's
+/// last, from the record of ended runs), sorted by agent and session.
 pub fn runs(control: &Path) -> Vec<RunInfo> {
     let mut out = Vec::new();
     let root = runtime::runs_root(control);
-    let Ok(tree) = Tree::open(&root) else { return out };
+    // The ended ones, each session's last: from the daemon's record of ended runs.
+    let mut last: std::collections::BTreeMap<(String, String), Ended> = std::collections::BTreeMap::new();
+    for e in ended_runs(control) {
+        last.insert((e.agent.clone(), e.session.clone()), e);
+    }
+    let Ok(tree) = Tree::open(&root) else {
+        out.extend(last.into_values().map(RunInfo::ended));
+        return out;
+    };
     for a in tree.names(usize::MAX).unwrap_or_default() {
         let Ok(agent) = tree.sub(&a) else { continue };
         for s in agent.names(usize::MAX).unwrap_or_default() {
             let dir = root.join(&a).join(&s);
-            let pid = supervisor(&dir);
-            let exit = if pid.is_none() { recorded_exit(&dir) } else { None };
-            if pid.is_none() && exit.is_none() {
-                continue;
-            }
+            let Some(pid) = supervisor(&dir) else { continue };
+            let pid = Some(pid);
+            let exit = None;
+            last.remove(&(a.to_string_lossy().into_owned(), s.to_string_lossy().into_owned()));
             let since = agent.stat(&s).ok().map(|st| st.st_mtime);
             let (agent_name, session) = (a.to_string_lossy().into_owned(), s.to_string_lossy().into_owned());
             // What runs: its contract (root's), its groups.
@@ -216,6 +325,7 @@ pub fn runs(control: &Path) -> Vec<RunInfo> {
             });
         }
     }
+    out.extend(last.into_values().map(RunInfo::ended));
     out.sort_by(|x, y| (&x.agent, &x.session).cmp(&(&y.agent, &y.session)));
     out
 }
@@ -263,5 +373,5 @@ pub fn stop(control: &Path, agent: &str, session: &str, by: &str) -> Result<Stri
             }
         }
     }
-    Ok(Tree::open(&run).and_then(|t| t.read_string("exit", 64)).unwrap_or_default().trim().to_owned())
+    Ok(ended(control, agent, session, Some(pid)).map(|e| e.exit.to_string()).unwrap_or_default())
 }

@@ -329,9 +329,10 @@ fn ready(c: &Contract, child: &mut std::process::Child, wait: bool) -> Result<Re
             }
             return Ok(Ready::Up(None));
         }
-        if let Ok(Some(_)) = child.try_wait() {
+        if let Ok(Some(st)) = child.try_wait() {
             // Ended before we saw its socket: a short command, or a sandbox that could not start.
-            return Ok(Ready::Ended(rundir::recorded_exit(&c.runtime)));
+            // The supervisor's status is the run's.
+            return Ok(Ready::Ended(Some(u8::try_from(code_of(st)).unwrap_or(1))));
         }
         if t.elapsed() > Duration::from_secs(15) {
             return Err(Error::NoAnswer(sock));
@@ -340,8 +341,11 @@ fn ready(c: &Contract, child: &mut std::process::Child, wait: bool) -> Result<Re
     }
 }
 
-fn ended_at_once(c: &Contract) -> Error {
-    Error::EndedAtOnce(std::fs::read_to_string(c.runtime.join("log")).unwrap_or_default()) // root's: the run directory
+/// A run that ended before its terminal answered, with what its supervisor (`pid`) said: the
+/// end of its log, as the record of ended runs keeps it.
+fn ended_at_once(c: &Contract, pid: u32) -> Error {
+    let log = rundir::ended(&c.control, &c.agent, &c.session, i32::try_from(pid).ok()).map(|e| e.log);
+    Error::EndedAtOnce(log.unwrap_or_default())
 }
 
 /// Starts the run of `s` for the receipt server (`agent.start`): returns its supervisor, a
@@ -350,7 +354,7 @@ pub fn start_owned(s: &Start) -> Result<std::process::Child> {
     let (c, mut child) = spawn(s)?;
     match ready(&c, &mut child, false)? {
         Ready::Up(_) | Ready::Ended(Some(0)) => Ok(child),
-        Ready::Ended(_) => Err(ended_at_once(&c)),
+        Ready::Ended(_) => Err(ended_at_once(&c, child.id())),
     }
 }
 
@@ -377,11 +381,9 @@ pub fn start(s: &Start, out: &mut dyn Write) -> Result<Started> {
     if c.headless {
         // The command ran on our streams; its status is the run's.
         let st = child.wait()?;
-        return match rundir::recorded_exit(&c.runtime) {
-            Some(0) => Ok(Started::Ended),
-            Some(code) => Err(Error::Status(code)),
-            None if st.success() => Ok(Started::Ended),
-            None => Err(ended_at_once(&c)),
+        return match code_of(st) {
+            0 => Ok(Started::Ended),
+            code => Err(Error::Status(u8::try_from(code).unwrap_or(1))),
         };
     }
     let sock = c.runtime.join("term/main.sock");
@@ -389,12 +391,12 @@ pub fn start(s: &Start, out: &mut dyn Write) -> Result<Started> {
         Ready::Up(w) => w,
         Ready::Ended(Some(0)) if s.wait => return Ok(Started::Ended),
         Ready::Ended(Some(code)) if s.wait => return Err(Error::Status(code)),
-        Ready::Ended(_) => return Err(ended_at_once(&c)),
+        Ready::Ended(_) => return Err(ended_at_once(&c, child.id())),
     };
     if let Some(mut conn) = watcher {
         let _ = std::io::copy(&mut conn, out);
         let st = child.wait()?;
-        let code: u8 = rundir::recorded_exit(&c.runtime).unwrap_or(if st.success() { 0 } else { 1 });
+        let code = u8::try_from(code_of(st)).unwrap_or(1);
         if code != 0 {
             return Err(Error::Status(code));
         }
@@ -406,8 +408,9 @@ pub fn start(s: &Start, out: &mut dyn Write) -> Result<Started> {
 /// Runs the supervisor of the run whose contract is at `contract_file`. However the run ends,
 /// even when it could not start (a workspace that is not there, a cgroup refused), what it made
 /// goes: the view, the sandbox's binds, the socket directories, its cgroups; its session says
-/// how it ended, and `exit` in its run directory holds the status (70 when it could not run).
-pub fn supervise(contract_file: &Path, key_fd: Option<i32>) -> Result<()> {
+/// how it ended, and the daemon's record of ended runs holds its status (70 when it could not
+/// run), which is also what this returns (the supervisor's exit status).
+pub fn supervise(contract_file: &Path, key_fd: Option<i32>) -> Result<i32> {
     // Started with the stop signals held: they go to a pipe, then the supervisor puts itself
     // on record (its launcher may be gone before it could), then takes them.
     let fail = |what: &str, e: std::io::Error| Error::Supervise(format!("{what}: {e}"));
@@ -443,28 +446,29 @@ pub fn supervise(contract_file: &Path, key_fd: Option<i32>) -> Result<()> {
             70
         }
     };
-    let _ = std::fs::write(c.runtime.join("exit"), format!("{code}\n")); // root's: the run directory
     view::remove(&c.control, &c.view);
     sandbox::release(&c);
-    // What stays of a run is its status (`exit`) and the supervisor's own log (0600).
-    // The socket directories are the agent's: removed beneath the run's directory, never
-    // through a link or across a mount.
-    if let Ok(run) = Tree::open(&c.runtime) {
-        for d in ["term", "receipt"] {
-            if let Err(e) = run.remove_all(d) {
-                eprintln!("agent {} session {}: {e}", c.agent, c.session);
-            }
-        }
-    }
-    // root's: the run directory
-    let _ = std::fs::remove_file(contract_file);
-    let _ = std::fs::remove_file(c.runtime.join("pid")); // root's: the run directory
-    let _ = std::fs::remove_file(c.runtime.join(rundir::STOPPED_BY)); // root's: the run directory
     if let Some(g) = groups {
         g.remove();
     }
     eprintln!("agent {} session {}: terminal ended with status {code}", c.agent, c.session);
-    r.map(drop)
+    // Nothing of the run stays in the runtime directory: its status, and the end of its log,
+    // go to the daemon's record of ended runs; then its directory goes (the socket
+    // directories are the agent's: removed beneath it, never through a link or across a
+    // mount), and its agent's directory when it was the last.
+    if let Err(e) = rundir::record_end(&c, std::process::id() as i32, code) {
+        eprintln!("agent {} session {}: {e}", c.agent, c.session);
+    }
+    let _ = contract_file;
+    if let Err(e) = rundir::remove(&c.runtime) {
+        eprintln!("agent {} session {}: {e}", c.agent, c.session);
+    }
+    if let Some(agent_dir) = c.runtime.parent() {
+        let _ = std::fs::remove_dir(agent_dir); // root's: the daemon's runtime directory
+    }
+    // What went wrong is in its log and its session; its status says how it ended.
+    drop(r);
+    Ok(code)
 }
 
 /// Serves the run `c` until it ends; returns its status. The cgroups made go to `groups`.

@@ -88,6 +88,8 @@ fn window() -> Option<(u16, u16)> {
 /// the agent's PTY when attaching and on each SIGWINCH, and [`DETACH_KEY`] leaves the run
 /// going. The run is one of the daemon whose control socket is `control`.
 pub fn relay(control: &Path, agent: &str, session: &str, attach: bool, out: &mut dyn Write) -> Result<()> {
+    // The run this relays: its end is the one whose status is taken.
+    let supervisor = rundir::supervisor(&runtime::run_dir(control, agent, session));
     let mut s = connect_to(control, agent, session)?;
     let size = if attach { window() } else { None };
     match (attach, size) {
@@ -150,11 +152,13 @@ pub fn relay(control: &Path, agent: &str, session: &str, attach: bool, out: &mut
         return Ok(());
     }
     // The terminal ended: its status is the watcher's too, once the supervisor recorded it.
-    let run = runtime::run_dir(control, agent, session);
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(5) {
-        if let Some(code) = rundir::recorded_exit::<u8>(&run) {
-            return if code == 0 { Ok(()) } else { Err(Error::Status(code)) };
+        if let Some(e) = rundir::ended(control, agent, session, supervisor) {
+            return match u8::try_from(e.exit).unwrap_or(1) {
+                0 => Ok(()),
+                code => Err(Error::Status(code)),
+            };
         }
         std::thread::sleep(Duration::from_millis(10));
     }
