@@ -902,6 +902,19 @@ fn a_model_elsewhere_is_reached_through_the_runs_proxy_and_nothing_else_is() {
             .unwrap();
     let refused: Vec<&str> = events.lines().filter(|l| l.contains("\"net.refused\"")).collect();
     assert!(refused.len() >= 2 && refused.iter().any(|l| l.contains(&format!("{a}:{op}"))), "{events}");
+    // The model's own log follows every run's use of it: each connection to it with its bytes,
+    // and the refusals.
+    let log = fs::read_to_string(w.s.mnt.join("model/local/m1.d/log")).unwrap();
+    let lines: Vec<serde_json::Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let uses: Vec<&serde_json::Value> =
+        lines.iter().filter(|v| v["type"] == "model.use" && v["session"] == s.as_str()).collect();
+    assert!(!uses.is_empty(), "{log}");
+    assert!(
+        uses.iter().all(|u| u["status"] == 200 && u["agent"] == "coder")
+            && uses.iter().any(|u| u["bytes_up"].as_u64() > Some(0) && u["bytes_down"].as_u64() > Some(0)),
+        "{log}"
+    );
+    assert!(lines.iter().filter(|v| v["type"] == "net.refused").count() >= 2, "{log}");
     drop(other);
 }
 

@@ -119,7 +119,8 @@ fn head(c: &mut TcpStream, within: Duration) -> io::Result<Option<(Vec<u8>, Vec<
 /// Copies bytes both ways between `a` and `b` until either side ends or neither carries
 /// anything for `idle` (a model streaming its answer to a client that says nothing keeps the
 /// tunnel open).
-fn splice(a: TcpStream, b: TcpStream, idle: Duration) -> io::Result<()> {
+/// Returns the bytes carried from `a` to `b` and from `b` to `a`.
+fn splice(a: TcpStream, b: TcpStream, idle: Duration) -> io::Result<(u64, u64)> {
     // Reads wake at least this often to look at the other direction's last bytes.
     let tick = idle.min(Duration::from_secs(5));
     for s in [&a, &b] {
@@ -129,6 +130,7 @@ fn splice(a: TcpStream, b: TcpStream, idle: Duration) -> io::Result<()> {
     let last = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let pump = move |mut from: TcpStream, mut to: TcpStream, last: Arc<std::sync::atomic::AtomicU64>| {
         let mut buf = [0u8; 16 * 1024];
+        let mut carried = 0u64;
         loop {
             match from.read(&mut buf) {
                 Ok(0) => break,
@@ -136,6 +138,7 @@ fn splice(a: TcpStream, b: TcpStream, idle: Duration) -> io::Result<()> {
                     if to.write_all(&buf[..n]).is_err() {
                         break;
                     }
+                    carried += n as u64;
                     last.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
                 }
                 Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
@@ -150,12 +153,48 @@ fn splice(a: TcpStream, b: TcpStream, idle: Duration) -> io::Result<()> {
         }
         let _ = to.shutdown(Shutdown::Both);
         let _ = from.shutdown(Shutdown::Both);
+        carried
     };
     let (a2, b2, last2) = (a.try_clone()?, b.try_clone()?, Arc::clone(&last));
     let t = std::thread::Builder::new().name("egress-conn".into()).spawn(move || pump(a2, b2, last2))?;
-    pump(b, a, last);
-    let _ = t.join();
-    Ok(())
+    let down = pump(b, a, last);
+    let up = t.join().unwrap_or(0);
+    Ok((up, down))
+}
+
+/// One use of the model's route through the proxy: a tunnel or a forwarded request, from the
+/// request to the close of its connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Use {
+    /// The request line's method and target (`CONNECT host:port`, `POST http://...`).
+    pub request: String,
+    /// What the proxy answered or forwarded: 200 (a tunnel made, or a request forwarded),
+    /// 502 (the model could not be reached).
+    pub status: u16,
+    /// Bytes from the CLI to the model, and back.
+    pub up: u64,
+    /// Bytes from the model to the CLI.
+    pub down: u64,
+    /// How long the connection lasted.
+    pub duration: Duration,
+}
+
+/// What the proxy reports: each refused request (and each burst of connections over the
+/// limit), and each use of the model's route.
+pub trait Report: Send + Sync {
+    /// A request refused, as it asked.
+    fn refused(&self, what: &str);
+    /// A use of the model's route, once its connection has closed.
+    fn used(&self, u: &Use);
+}
+
+/// A function told of refusals only.
+impl<F: Fn(&str) + Send + Sync> Report for F {
+    fn refused(&self, what: &str) {
+        self(what);
+    }
+
+    fn used(&self, _: &Use) {}
 }
 
 fn upstream(url: &Url) -> io::Result<TcpStream> {
@@ -170,67 +209,61 @@ fn upstream(url: &Url) -> io::Result<TcpStream> {
     Err(last)
 }
 
-fn serve_one(
-    mut c: TcpStream,
-    allowed: &Allowed,
-    limits: Limits,
-    refused: &(dyn Fn(&str) + Send + Sync),
-) -> io::Result<()> {
+fn serve_one(mut c: TcpStream, allowed: &Allowed, limits: Limits, report: &dyn Report) -> io::Result<()> {
     let Some((h, rest)) = head(&mut c, limits.head)? else { return Ok(()) };
+    let started = Instant::now();
     let (method, target) = request_line(&h);
     let (method, target) = (method.as_str(), target.as_str());
     let deny = |c: &mut TcpStream, why: &str| -> io::Result<()> {
-        refused(why);
+        report.refused(why);
         c.write_all(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
     };
-    if method.eq_ignore_ascii_case("CONNECT") {
-        if !allowed.connect(target) {
-            return deny(&mut c, target);
-        }
-        match upstream(&allowed.url) {
-            Ok(mut up) => {
-                c.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")?;
-                up.write_all(&rest)?;
-                splice(c, up, limits.idle)
-            }
-            Err(_) => {
-                c.write_all(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-            }
-        }
-    } else if allowed.plain(target) {
-        match upstream(&allowed.url) {
-            Ok(mut up) => {
-                up.write_all(&h)?;
-                up.write_all(&rest)?;
-                splice(c, up, limits.idle)
-            }
-            Err(_) => {
-                c.write_all(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-            }
-        }
-    } else {
-        deny(&mut c, &format!("{method} {target}"))
+    let connect = method.eq_ignore_ascii_case("CONNECT");
+    if connect && !allowed.connect(target) {
+        return deny(&mut c, target);
     }
+    if !connect && !allowed.plain(target) {
+        return deny(&mut c, &format!("{method} {target}"));
+    }
+    let mut used =
+        Use { request: format!("{method} {target}"), status: 502, up: 0, down: 0, duration: Duration::ZERO };
+    let r = match upstream(&allowed.url) {
+        Ok(mut up) => {
+            used.status = 200;
+            if connect {
+                c.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")?;
+            } else {
+                up.write_all(&h)?;
+                used.up += h.len() as u64;
+            }
+            up.write_all(&rest)?;
+            used.up += rest.len() as u64;
+            splice(c, up, limits.idle).map(|(to_model, back)| {
+                used.up += to_model;
+                used.down = back;
+            })
+        }
+        Err(_) => c.write_all(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"),
+    };
+    used.duration = started.elapsed();
+    report.used(&used);
+    r
 }
 
 /// Serves the proxy on a fresh port of 127.0.0.1 in a thread of its own, within `limits`;
-/// returns the port. `refused` is told what each refused request asked for, and once per
-/// burst of connections over the limit.
-pub fn serve(
-    allowed: Allowed,
-    limits: Limits,
-    refused: impl Fn(&str) + Send + Sync + 'static,
-) -> io::Result<u16> {
+/// returns the port. `report` is told what each refused request asked for (and once per burst
+/// of connections over the limit), and each use of the model's route.
+pub fn serve(allowed: Allowed, limits: Limits, report: impl Report + 'static) -> io::Result<u16> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     let port = l.local_addr()?.port();
-    let refused: Arc<dyn Fn(&str) + Send + Sync> = Arc::new(refused);
+    let refused: Arc<dyn Report> = Arc::new(report);
     let open = Arc::new(AtomicUsize::new(0));
     let told = AtomicBool::new(false);
     std::thread::Builder::new().name("egress".into()).spawn(move || {
         for mut c in l.incoming().flatten() {
             if open.load(Ordering::Acquire) >= limits.conns {
                 if !told.swap(true, Ordering::AcqRel) {
-                    refused(&format!("a connection past {} open at once", limits.conns));
+                    refused.refused(&format!("a connection past {} open at once", limits.conns));
                 }
                 let _ = c.set_write_timeout(Some(Duration::from_secs(1)));
                 let _ = c.write_all(
@@ -278,7 +311,8 @@ mod tests {
         let told = Arc::new(std::sync::Mutex::new(Vec::new()));
         let t2 = Arc::clone(&told);
         let limits = Limits { conns: 3, head: Duration::from_millis(300), idle: Duration::from_secs(5) };
-        let port = serve(Allowed { url }, limits, move |w| t2.lock().unwrap().push(w.to_owned())).unwrap();
+        let port =
+            serve(Allowed { url }, limits, move |w: &str| t2.lock().unwrap().push(w.to_owned())).unwrap();
         let held: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap()).collect();
         std::thread::sleep(Duration::from_millis(50));
         for _ in 0..2 {
@@ -301,6 +335,48 @@ mod tests {
         let mut answer = String::new();
         again.read_to_string(&mut answer).unwrap();
         assert!(answer.starts_with("HTTP/1.1 403"), "places come back: {answer}");
+    }
+
+    /// `tail -f model/<p>/<m>.d/log` said nothing of a run's use of its model: each tunnel is
+    /// reported when it closes, with the bytes it carried each way.
+    #[test]
+    fn each_use_of_the_route_is_reported_with_its_bytes() {
+        struct Uses(std::sync::Mutex<Vec<Use>>);
+        impl Report for Arc<Uses> {
+            fn refused(&self, _: &str) {}
+            fn used(&self, u: &Use) {
+                self.0.lock().unwrap().push(u.clone());
+            }
+        }
+        let model = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mport = model.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let (mut s, _) = model.accept().unwrap();
+            let mut b = [0u8; 4];
+            s.read_exact(&mut b).unwrap();
+            s.write_all(b"pong!").unwrap();
+        });
+        let uses = Arc::new(Uses(std::sync::Mutex::new(Vec::new())));
+        let url = Url::parse(&format!("https://127.0.0.1:{mport}")).unwrap();
+        let port = serve(Allowed { url }, Limits::default(), Arc::clone(&uses)).unwrap();
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.write_all(format!("CONNECT 127.0.0.1:{mport} HTTP/1.1\r\n\r\n").as_bytes()).unwrap();
+        let mut head = [0u8; 39];
+        c.read_exact(&mut head).unwrap();
+        assert!(head.starts_with(b"HTTP/1.1 200"), "{:?}", String::from_utf8_lossy(&head));
+        c.write_all(b"ping").unwrap();
+        let mut answer = Vec::new();
+        c.read_to_end(&mut answer).unwrap();
+        assert_eq!(answer, b"pong!");
+        let t = Instant::now();
+        while uses.0.lock().unwrap().is_empty() && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let u = uses.0.lock().unwrap()[0].clone();
+        assert_eq!(
+            (u.request.as_str(), u.status, u.up, u.down),
+            (&*format!("CONNECT 127.0.0.1:{mport}"), 200, 4, 5)
+        );
     }
 
     /// A tunnel whose model streams to a client that says nothing stays open past the idle

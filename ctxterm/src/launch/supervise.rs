@@ -215,17 +215,14 @@ fn prepare_profile(h: &Path, c: &Contract) -> std::io::Result<()> {
 /// the sandbox and points the CLI at it; each refused request is a `net.refused` event.
 fn proxy(c: &mut Contract, url: &str) -> Result<()> {
     let url = policy::model::Url::parse(url).map_err(Error::Invalid)?;
-    let dir = c.session_dir(&c.ctx);
-    let (agent, session) = (c.agent.clone(), c.session.clone());
-    let refused = move |what: &str| {
-        let event = json!({"ts": session::timestamp(), "type": "net.refused", "agent": agent,
-            "session": session, "request": what,
-            "reason": "the run reaches its model alone (no network:default connect)"});
-        let _ = session::append_event(&dir, &event);
+    let report = ModelReport {
+        session: c.session_dir(&c.ctx),
+        model: c.model.as_ref().map(|m| c.ctx.join("model").join(format!("{m}.d"))),
+        agent: c.agent.clone(),
+        name: c.session.clone(),
     };
-    let port =
-        super::egress::serve(super::egress::Allowed { url }, super::egress::Limits::default(), refused)
-            .map_err(|e| Error::Supervise(format!("the egress proxy: {e}")))?;
+    let port = super::egress::serve(super::egress::Allowed { url }, super::egress::Limits::default(), report)
+        .map_err(|e| Error::Supervise(format!("the egress proxy: {e}")))?;
     c.egress = Some(port);
     let at = format!("http://127.0.0.1:{port}");
     for k in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
@@ -234,6 +231,41 @@ fn proxy(c: &mut Contract, url: &str) -> Result<()> {
     c.env.push(("NO_PROXY".to_owned(), "localhost,127.0.0.1,::1".to_owned()));
     c.env.push(("no_proxy".to_owned(), "localhost,127.0.0.1,::1".to_owned()));
     Ok(())
+}
+
+/// Where a run's egress proxy reports: refusals to the session (`net.refused`) and to the
+/// model's log, each use of the model's route to the model's log (`model.use`), so that
+/// `tail -f /ctx/model/<p>/<m>.d/log` follows every run's use of it.
+struct ModelReport {
+    session: std::path::PathBuf,
+    /// The model's control directory, through /ctx (`model/<p>/<m>.d`).
+    model: Option<std::path::PathBuf>,
+    agent: String,
+    name: String,
+}
+
+impl ModelReport {
+    fn to_model(&self, event: &serde_json::Value) {
+        if let Some(d) = &self.model {
+            let _ = session::append_line(d, "log", event);
+        }
+    }
+}
+
+impl super::egress::Report for ModelReport {
+    fn refused(&self, what: &str) {
+        let event = json!({"ts": session::timestamp(), "type": "net.refused", "agent": self.agent,
+            "session": self.name, "request": what,
+            "reason": "the run reaches its model alone (no network:default connect)"});
+        let _ = session::append_event(&self.session, &event);
+        self.to_model(&event);
+    }
+
+    fn used(&self, u: &super::egress::Use) {
+        self.to_model(&json!({"ts": session::timestamp(), "type": "model.use", "agent": self.agent,
+            "session": self.name, "request": u.request, "status": u.status, "bytes_up": u.up,
+            "bytes_down": u.down, "duration_ms": (u.duration.as_secs_f64() * 1e6).round() / 1e3}));
+    }
 }
 
 /// Variables that conventionally hold model keys: never passed to a supervisor.
