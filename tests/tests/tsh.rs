@@ -348,3 +348,48 @@ fn ctx_tool_runs_only_safe_core_clis_and_bootstrap_is_idempotent() {
     assert!(fs::read_to_string(w.s.storage.join("tool/fs.stat.d/policy")).unwrap().contains("coder_t"));
     assert!(fs::read_to_string(w.s.storage.join("tool/tsh.d/config")).unwrap().contains("cache_capacity=64"));
 }
+
+/// tsh's working set had no test end to end: `load` and `pin` keep tools across tsh processes
+/// (the session's `tsh.json`), `max_loaded_tools` (from `tool/tsh.d/config`) unloads the least
+/// used unpinned tool past it and says so, a pinned tool is never unloaded (nor unloadable until
+/// unpinned), and `unpin` lets the trim take it again.
+#[test]
+fn load_pin_unpin_and_the_max_loaded_tools_trim_hold_across_tsh_processes() {
+    let w = World::new();
+    // tsh reads its configuration through the agent's view: granted tool:tsh, it sees it.
+    let st = &w.s.storage;
+    fs::write(st.join("tool/tsh.d/config"), "max_loaded_tools=2\n").unwrap();
+    fs::write(st.join("tool/tsh.d/policy"), "allow coder_t tool:tsh execute\n").unwrap();
+    let mut p = fs::read_to_string(st.join("agent/coder.d/policy")).unwrap();
+    p.push_str("allow coder_t tool:tsh execute\n");
+    fs::write(st.join("agent/coder.d/policy"), p).unwrap();
+    let out = |o: &Output| String::from_utf8_lossy(&o.stdout).into_owned();
+    // One tsh process: fs.stat used more than fs.read, so past the limit fs.read goes (never
+    // the tool just loaded).
+    let script = "fs.stat f.txt\nfs.stat f.txt\nload fs.stat\nload fs.read\nload order\nloads\n\
+                  pin fs.read\nunload fs.read\npins\n";
+    let o = w.agent(&[], Some(script));
+    let said = out(&o);
+    assert!(said.contains("unloaded fs.read (max_loaded_tools=2)"), "{}", text(&o));
+    assert!(said.contains("fs.stat\norder\n"), "loads after the trim: {}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("fs.read is pinned; unpin it first"), "{}", text(&o));
+    // Another process: the working set is the session's, pins marked.
+    let o = w.agent(&["loads"], None);
+    assert_eq!(out(&o), "fs.stat\norder\nfs.read*\n", "{}", text(&o));
+    let state: serde_json::Value = serde_json::from_slice(
+        &fs::read(w.s.storage.join("home/0/agent/coder/session/s1/tsh.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(state.to_string().contains("fs.read"), "{state}");
+    // Past the limit again: an unpinned one goes, the pinned one stays.
+    let o = w.agent(&["load", "envdump"], None);
+    assert!(out(&o).contains("unloaded fs.stat (max_loaded_tools=2)"), "{}", text(&o));
+    assert_eq!(out(&w.agent(&["pins"], None)), "fs.read\n");
+    // Unpinned, it counts again: the oldest of the least used goes.
+    let o = w.agent(&["unpin", "fs.read"], None);
+    assert!(o.status.success() && out(&o).contains("unloaded order (max_loaded_tools=2)"), "{}", text(&o));
+    assert_eq!(out(&w.agent(&["loads"], None)), "fs.read\nenvdump\n");
+    assert_eq!(out(&w.agent(&["pins"], None)), "");
+    let o = w.agent(&["unpin", "fs.read"], None);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+}
