@@ -915,6 +915,16 @@ fn a_model_elsewhere_is_reached_through_the_runs_proxy_and_nothing_else_is() {
         "{log}"
     );
     assert!(lines.iter().filter(|v| v["type"] == "net.refused").count() >= 2, "{log}");
+    // And its status counts them live.
+    let status = fs::read_to_string(w.s.mnt.join("model/local/m1.d/status")).unwrap();
+    let field = |k: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{k} ")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(field("calls") >= 1 && field("refused") >= 2 && field("bytes_down") > 0, "{status}");
     drop(other);
 }
 

@@ -192,6 +192,14 @@ fn tsh_runs_tools_only_as_an_agent_and_records_every_call() {
     assert_eq!((&ev[2]["object"], &ev[2]["status"]), (&"tool/fs.list".into(), &"denied".into()));
     assert!(ev[2]["reason"].as_str().unwrap().contains("own policy"));
     assert_eq!(lines(&st.join("tool/fs.list.d/log")).len(), 1, "the denial is in the tool's log too");
+    // Each tool's status counts its calls live, from the daemon's memory (the file in storage
+    // stays empty).
+    let status = |t: &str| fs::read_to_string(w.s.mnt.join(format!("tool/{t}.d/status"))).unwrap();
+    assert!(status("fs.stat").contains("calls 1\nerrors 0\ndenied 0\n"), "{}", status("fs.stat"));
+    assert!(status("fs.stat").contains("last_status ok\nruns 1\n"), "{}", status("fs.stat"));
+    assert!(status("fs.list").contains("calls 1\nerrors 0\ndenied 1\n"), "{}", status("fs.list"));
+    assert!(status("fs.read").contains("calls 0\n"), "{}", status("fs.read"));
+    assert_eq!(fs::read(st.join("tool/fs.stat.d/status")).unwrap(), b"");
 
     // Resolution: left to right, a non-executable earlier file is skipped, the .d/ comes from
     // the hit's directory, and the host PATH is never used.

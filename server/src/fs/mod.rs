@@ -20,6 +20,7 @@ mod inodes;
 mod sync_io;
 #[cfg(test)]
 mod tests;
+mod usage;
 
 use inodes::{Access, Inodes, Node, Paths, stamp_of};
 
@@ -131,6 +132,8 @@ pub struct Logs {
     journal: std::sync::OnceLock<Option<Arc<ringfs::log::Journal>>>,
     /// Held while the journal is opened: one open, however many views start at once.
     opening: Mutex<()>,
+    /// Each tool's and model's use, from the lines their logs take (served as their `status`).
+    usage: usage::Usage,
 }
 
 /// [`Logs`], shared.
@@ -969,6 +972,7 @@ impl CtxFs {
             Piece::Held => Ok(data.len()),
             Piece::Refused(e) => Err(err(e)),
             Piece::Append { start, bytes, ack } => {
+                self.note_use(log, &bytes);
                 let moved = log.len() != start;
                 let appended = append(log, flags, start, &bytes);
                 self.piece_done(bytes);
@@ -1002,12 +1006,20 @@ impl CtxFs {
             Piece::Held => done.reply(Ok(data.len())),
             Piece::Refused(e) => done.reply(Err(err(e))),
             Piece::Append { start, bytes, ack } => {
+                self.note_use(log, &bytes);
                 // Appended elsewhere than this kernel thought: its cached pages are wrong.
                 let changed =
                     rel.filter(|_| !only_moved || log.len() != start).map(|rel| (self.changes.clone(), rel));
                 append_then(log, flags, start, &bytes, ack, changed, done);
                 self.piece_done(bytes);
             }
+        }
+    }
+
+    /// Counts the lines `bytes` appended to `log` when it is a tool's or a model's log.
+    fn note_use(&self, log: &AppendLog, bytes: &[u8]) {
+        if let Ok(rel) = log.path().strip_prefix(self.storage.path()) {
+            self.logs.usage.note(rel, bytes);
         }
     }
 
@@ -1535,6 +1547,10 @@ impl CtxFs {
                 Ok((Handle::Log(self.log(rel)?), OpenOptions::DIRECT_IO | noflush()))
             }
             Area::ClassDir | Area::DataRoot | Area::ControlDir => Err(err(libc::EISDIR)),
+            // A tool's or model's `status`: its counters, from memory.
+            Area::Control(_) if let Some(object) = usage::status_of(rel) => {
+                Ok((Handle::Bytes(self.logs.usage.render(&object)), OpenOptions::DIRECT_IO | noflush()))
+            }
             Area::Object | Area::Socket | Area::Control(_) => {
                 let fd = self.storage.open_rel(rel, read_flags, 0)?;
                 let opts = self.file_options(ino, &fd, false)?;
