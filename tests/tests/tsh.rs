@@ -200,6 +200,22 @@ fn tsh_runs_tools_only_as_an_agent_and_records_every_call() {
     assert!(status("fs.list").contains("calls 1\nerrors 0\ndenied 1\n"), "{}", status("fs.list"));
     assert!(status("fs.read").contains("calls 0\n"), "{}", status("fs.read"));
     assert_eq!(fs::read(st.join("tool/fs.stat.d/status")).unwrap(), b"");
+    // A session record says its size, a token estimate and where it comes from, by name; none
+    // of these is listed (a copy does not carry them).
+    let events = w.s.mnt.join("home/0/agent/coder/session/s1/events.jsonl");
+    let attr = |p: &Path, n: &str| {
+        let mut v = vec![0u8; 256];
+        let k = rustix::fs::getxattr(p, n, &mut v[..]).unwrap_or_else(|e| panic!("{n}: {e}"));
+        String::from_utf8_lossy(&v[..k]).into_owned()
+    };
+    let len = fs::metadata(&events).unwrap().len();
+    assert_eq!(attr(&events, "user.cortexfs.size"), len.to_string());
+    assert_eq!(attr(&events, "user.cortexfs.tokens"), len.div_ceil(4).to_string());
+    assert_eq!(attr(&events, "user.cortexfs.origin"), "session:coder/s1");
+    assert_eq!(attr(&w.s.mnt.join("tool/fs.stat.d/log"), "user.cortexfs.origin"), "tool:fs.stat");
+    let mut names = vec![0u8; 4096];
+    let n = rustix::fs::listxattr(&events, &mut names[..]).unwrap();
+    assert!(!String::from_utf8_lossy(&names[..n]).contains("cortexfs"), "{:?}", &names[..n]);
 
     // Resolution: left to right, a non-executable earlier file is skipped, the .d/ comes from
     // the hit's directory, and the host PATH is never used.

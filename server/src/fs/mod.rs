@@ -410,6 +410,27 @@ const XATTR_MAX: usize = 64 * 1024;
 
 /// Whether data may carry the attribute `name`: EPERM for CortexFS's own namespace,
 /// EOPNOTSUPP for ACLs and namespaces the backing filesystem's users have no use for here.
+/// CortexFS's computed attributes: read by name, never listed (a copy does not carry them).
+const SIZE_XATTR: &[u8] = b"user.cortexfs.size";
+const TOKENS_XATTR: &[u8] = b"user.cortexfs.tokens";
+const ORIGIN_XATTR: &[u8] = b"user.cortexfs.origin";
+
+/// Where the file at `rel` comes from, as `user.cortexfs.origin` says: `session:<agent>/<session>`
+/// for a session's files (in a home or a shared space), `home:<uid>`, `shared:<space>`,
+/// `<class>:<name>` for an object and its controls (`model:<provider>/<model>`).
+fn origin_of(rel: &Path) -> Option<String> {
+    let c: Vec<&str> = rel.iter().filter_map(|c| c.to_str()).collect();
+    let object = |n: &str| n.strip_suffix(".d").or_else(|| n.strip_suffix(".sock")).unwrap_or(n).to_owned();
+    Some(match c.as_slice() {
+        ["home" | "shared", _, "agent", a, "session", s, ..] => format!("session:{a}/{s}"),
+        ["home", uid, ..] => format!("home:{uid}"),
+        ["shared", space, ..] => format!("shared:{space}"),
+        [class @ ("tool" | "agent"), n, ..] => format!("{class}:{}", object(n)),
+        ["model", p, m, ..] => format!("model:{p}/{}", object(m)),
+        _ => return None,
+    })
+}
+
 fn data_xattr(name: &[u8]) -> io::Result<()> {
     if name.starts_with(b"user.cortexfs.") {
         Err(err(libc::EPERM))
@@ -824,6 +845,31 @@ impl CtxFs {
             }
             _ => Ok(()),
         }
+    }
+
+    /// The value of CortexFS's computed attribute `name` of `ino` (`None`: not one of them):
+    /// `user.cortexfs.size`, a regular file's size in bytes; `user.cortexfs.tokens`, an estimate
+    /// of its tokens (a byte count divided by four, rounded up: the usual rule of thumb for
+    /// English and code under BPE tokenizers, not a tokenizer's count); `user.cortexfs.origin`
+    /// ([`origin_of`]).
+    fn computed_xattr(&self, ino: u64, name: &[u8]) -> io::Result<Option<Vec<u8>>> {
+        if ![SIZE_XATTR, TOKENS_XATTR, ORIGIN_XATTR].contains(&name) {
+            return Ok(None);
+        }
+        if ino < LAYOUT_FIRST {
+            return Err(err(libc::ENODATA));
+        }
+        let rel = self.rel(ino)?;
+        if name == ORIGIN_XATTR {
+            return origin_of(&rel).map(|o| Some(o.into_bytes())).ok_or_else(|| err(libc::ENODATA));
+        }
+        let st = self.storage.stat(&rel)?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(err(libc::ENODATA));
+        }
+        let size = u64::try_from(st.st_size).unwrap_or(0);
+        let value = if name == SIZE_XATTR { size } else { size.div_ceil(4) };
+        Ok(Some(value.to_string().into_bytes()))
     }
 
     /// What `user.cortexfs.kind` says an inode is.

@@ -657,6 +657,15 @@ impl FileSystem for CtxFs {
 
     fn getxattr(&self, _ctx: &Context, ino: u64, name: &CStr, size: u32) -> io::Result<GetxattrReply> {
         self.stats.count("xattr");
+        if let Some(value) = self.computed_xattr(ino, name.to_bytes())? {
+            return if size == 0 {
+                Ok(GetxattrReply::Count(value.len() as u32))
+            } else if (size as usize) < value.len() {
+                Err(err(libc::ERANGE))
+            } else {
+                Ok(GetxattrReply::Value(value))
+            };
+        }
         if name.to_bytes() != KIND_XATTR {
             // Data keeps its own attributes, as the backing filesystem does.
             let Some((_, fd)) = self.data_inode(ino)? else { return Err(err(libc::ENODATA)) };
@@ -696,11 +705,14 @@ impl FileSystem for CtxFs {
 
     fn listxattr(&self, _ctx: &Context, ino: u64, size: u32) -> io::Result<ListxattrReply> {
         self.stats.count("xattr");
-        // CortexFS's own marker is read by name; it is listed only where nothing else is (the
-        // objects and controls), so that a copy of a data file does not carry it elsewhere.
+        // CortexFS's own marker is read by name; it is listed only on the objects and controls,
+        // never in `home/` and `shared/` (data, session logs), so that a copy of a file there
+        // does not carry it elsewhere.
         let mut names = Vec::new();
         let data = self.data_inode(ino)?;
-        if data.is_none() {
+        let in_data_area = ino >= LAYOUT_FIRST
+            && matches!(classify(&self.rel(ino)?), Some(Area::SessionLog | Area::Data | Area::DataRoot));
+        if data.is_none() && !in_data_area {
             names.extend_from_slice(KIND_XATTR);
             names.push(0);
         }

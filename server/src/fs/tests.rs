@@ -92,3 +92,16 @@ fn a_kept_listing_shrinks_to_its_limits() {
         assert!(lock(spare_dirs()).len() >= super::SPARE_DIRS);
     }
 }
+
+#[test]
+fn origins_say_where_a_file_comes_from() {
+    let o = |p: &str| super::origin_of(std::path::Path::new(p));
+    assert_eq!(o("home/1000/agent/coder/session/s1/events.jsonl").as_deref(), Some("session:coder/s1"));
+    assert_eq!(o("shared/proj/agent/rev/session/s2/context/refs.jsonl").as_deref(), Some("session:rev/s2"));
+    assert_eq!(o("home/1000/notes.txt").as_deref(), Some("home:1000"));
+    assert_eq!(o("shared/proj/input/a.png").as_deref(), Some("shared:proj"));
+    assert_eq!(o("tool/fs.read.d/log").as_deref(), Some("tool:fs.read"));
+    assert_eq!(o("agent/coder.sock").as_deref(), Some("agent:coder"));
+    assert_eq!(o("model/p/m.d/status").as_deref(), Some("model:p/m"));
+    assert_eq!(o("status"), None);
+}
