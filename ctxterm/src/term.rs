@@ -55,10 +55,12 @@ pub struct Keeper {
 }
 
 impl Keeper {
-    /// Starts keeping at `path`, afresh (the previous run's output goes).
+    /// Starts keeping at `path`, afresh: the previous run's output goes, and the file is a new
+    /// one (a follower of the old one sees it replaced).
     pub fn new(path: PathBuf) -> Keeper {
         let mut k = Keeper { path, file: None, len: 0 };
         let _ = std::fs::remove_file(k.previous());
+        let _ = std::fs::remove_file(&k.path);
         k.file = k.create();
         k
     }

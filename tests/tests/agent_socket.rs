@@ -835,3 +835,34 @@ fn seventeen_turns_at_once_run_sixteen_and_refuse_one_with_eagain() {
     let mut c = send(17);
     assert_eq!(c.until(done("t17")).last().unwrap()["status"], "ok", "a turn runs again");
 }
+
+/// A socket turn's files are appended (as root) to the session's `context/refs.jsonl`, a name
+/// in the agent's tree: a file of another user hard-linked there is never written nor given to
+/// the agent, and the turn runs and is recorded all the same.
+#[test]
+fn a_refs_file_linked_to_another_users_file_is_never_written_nor_given_away() {
+    let ep = Endpoint::start("true", "x");
+    let h = host(&ep);
+    let s = tests::unique("rl");
+    let cwd = h.work.display().to_string();
+    let mut c = Client::to(&h, "sockcx");
+    c.send(json!({"op": "send", "id": "rl1", "session": s, "cwd": cwd, "input": "first"}));
+    assert_eq!(c.until(done("rl1")).last().unwrap()["status"], "ok");
+    // Another user's file, linked in the place of the session's references.
+    let other = h.s.storage.join("home/1001/theirs.txt");
+    fs::create_dir_all(other.parent().unwrap()).unwrap();
+    fs::write(&other, "theirs\n").unwrap();
+    rustix::fs::chown(&other, Some(rustix::fs::Uid::from_raw(1001)), Some(rustix::fs::Gid::from_raw(1001)))
+        .unwrap();
+    let context = h.s.storage.join(format!("home/1000/agent/sockcx/session/{s}/context"));
+    fs::create_dir_all(&context).unwrap();
+    let _ = fs::remove_file(context.join("refs.jsonl"));
+    fs::hard_link(&other, context.join("refs.jsonl")).unwrap();
+    c.send(json!({"op": "send", "id": "rl2", "session": s, "cwd": cwd, "input": "second", "files": ["/workspace/a.txt"]}));
+    assert_eq!(c.until(done("rl2")).last().unwrap()["status"], "ok");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(fs::read_to_string(&other).unwrap(), "theirs\n", "the other user's file is not written");
+    assert_eq!(fs::metadata(&other).unwrap().uid(), 1001, "nor given to the agent");
+    let r = records(&h, 1000, "sockcx", &s);
+    assert_eq!((count(&r, "rl2", "user"), count(&r, "rl2", "assistant")), (1, 1), "{r:?}");
+}

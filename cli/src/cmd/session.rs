@@ -105,6 +105,8 @@ pub fn logs(ctx: &Path, agent: &str, session: &str, follow: bool) -> anyhow::Res
         }
         let moved = open().ok().filter(|f| ino(f) != ino(&cur));
         if let Some(f) = moved {
+            // What was written to the old file before it went, then the new one from its start.
+            std::io::copy(&mut cur, &mut out)?;
             cur = f;
             cur.rewind()?;
             continue;
@@ -112,8 +114,8 @@ pub fn logs(ctx: &Path, agent: &str, session: &str, follow: bool) -> anyhow::Res
         let state = t.read_string("state", 64).unwrap_or_default();
         if state.trim() != "active" {
             // The run has ended: what it wrote last is in the file already.
-            let n = cur.read(&mut buf)?;
-            out.write_all(&buf[..n])?;
+            std::io::copy(&mut (&mut cur).take(max), &mut out)?;
+            out.flush()?;
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(200));

@@ -819,9 +819,10 @@ impl Server {
             if let Err(e) = append(&dir, &user) {
                 return fail("EIO", format!("{}: {e}", dir.join("messages.jsonl").display()));
             }
-            // The files a turn names are the session's references too (`context/refs.jsonl`).
+            // The files a turn names are the session's references too (`context/refs.jsonl`);
+            // the turn is recorded already, and runs whether or not they could be written.
             if let Err(e) = refs(&dir, s, caller) {
-                return fail("EIO", format!("{}: {e}", dir.join("context/refs.jsonl").display()));
+                eprintln!("ctx: {}: {e}", dir.join("context/refs.jsonl").display());
             }
         }
         let mut start = json!({"type": "start", "id": s.id, "session": s.session});

@@ -225,22 +225,30 @@ fn serve_one(mut c: TcpStream, allowed: &Allowed, limits: Limits, report: &dyn R
     if !connect && !allowed.plain(target) {
         return deny(&mut c, &format!("{method} {target}"));
     }
+    // A plain request's query may carry anything (a key): the record keeps the URL without it.
+    let shown = target.split(['?', '#']).next().unwrap_or("");
     let mut used =
-        Use { request: format!("{method} {target}"), status: 502, up: 0, down: 0, duration: Duration::ZERO };
+        Use { request: format!("{method} {shown}"), status: 502, up: 0, down: 0, duration: Duration::ZERO };
     let r = match upstream(&allowed.url) {
         Ok(mut up) => {
             used.status = 200;
-            if connect {
-                c.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")?;
-            } else {
-                up.write_all(&h)?;
-                used.up += h.len() as u64;
-            }
-            up.write_all(&rest)?;
-            used.up += rest.len() as u64;
-            splice(c, up, limits.idle).map(|(to_model, back)| {
-                used.up += to_model;
-                used.down = back;
+            // Reported however the connection ends.
+            let mut first = || -> io::Result<()> {
+                if connect {
+                    c.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")?;
+                } else {
+                    up.write_all(&h)?;
+                    used.up += h.len() as u64;
+                }
+                up.write_all(&rest)?;
+                used.up += rest.len() as u64;
+                Ok(())
+            };
+            first().and_then(|()| {
+                splice(c, up, limits.idle).map(|(to_model, back)| {
+                    used.up += to_model;
+                    used.down = back;
+                })
             })
         }
         Err(_) => c.write_all(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"),

@@ -1,6 +1,6 @@
 //! The run directory, `agent/<agent>/<session>/` in the daemon's runtime directory
 //! (`/run/cortexfs/agent/<agent>/<session>/` for the default daemon): `pid` (the supervisor),
-//! `log` and `contract.json` (root's, 0600), `exit` (the terminal's status), `term/` and
+//! `log` and `contract.json` (root's, 0600), `stopped_by` (who asked it to stop), `term/` and
 //! `receipt/` (the agent's socket directories, bound into the sandbox), and what the
 //! supervisor prepares there (`workspace`, `mounts/`, `seccomp.bpf`). Nothing of a run stays
 //! there once it has ended: its status, when it ended and the end of its log go to the daemon's
@@ -42,6 +42,24 @@ pub fn exit_of(control: &Path, agent: &str, session: &str) -> Option<i32> {
         return None;
     }
     ended(control, agent, session, None).map(|e| e.exit)
+}
+
+/// Removes the directory of an ended run: its `pid` first (it names no supervisor from then
+/// on), then, moved out of its name to a hidden one of its own, the rest (the agent's socket
+/// directories beneath it, never through a link or across a mount). The agent's directory
+/// stays (one per agent, not per run): removing it could race another session's start.
+pub fn retire(run: &Path) {
+    let _ = std::fs::remove_file(run.join("pid")); // root's: the run directory
+    let (Some(parent), Some(name)) = (run.parent(), run.file_name()) else { return };
+    let gone = parent.join(format!(".{}.ended.{}", name.to_string_lossy(), std::process::id()));
+    let target = match std::fs::rename(run, &gone) {
+        // root's: the daemon's runtime directory
+        Ok(()) => gone,
+        Err(_) => run.to_path_buf(),
+    };
+    if let Err(e) = remove(&target) {
+        eprintln!("{e}");
+    }
 }
 
 /// The daemon's record of ended runs, in its runtime directory (root's, 0600): a JSON line per
@@ -102,14 +120,28 @@ pub fn record_end(c: &Contract, pid: i32, code: i32) -> Result<()> {
         // root's: the daemon's runtime directory
         std::fs::OpenOptions::new().append(true).create(true).mode(0o600).open(&path).map_err(at(&path))
     };
-    let mut f = open()?;
-    // One appender at a time, so that the turn-over loses no line.
-    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive).map_err(|e| at(&path)(e.into()))?;
+    // One appender at a time, on the file that is at the name once locked (another may have
+    // turned it over while this one waited), so that the turn-over loses no line.
+    use std::os::unix::fs::MetadataExt;
+    let mut tries = 0;
+    let mut f = loop {
+        let f = open()?;
+        rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive).map_err(|e| at(&path)(e.into()))?;
+        let current = std::fs::metadata(&path).map(|m| m.ino()).ok(); // root's: the daemon's runtime directory
+        tries += 1;
+        if current == f.metadata().map(|m| m.ino()).ok() || tries > 16 {
+            break f;
+        }
+    };
     if f.metadata().map_or(0, |m| m.len()) >= ENDED_MAX {
         let mut old = path.clone().into_os_string();
         old.push(".1");
         std::fs::rename(&path, &old).map_err(at(&path))?; // root's: the daemon's runtime directory
-        f = open()?;
+        // The new file is taken locked too: an appender that waited on the old one looks again.
+        let new = open()?;
+        rustix::fs::flock(&new, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| at(&path)(e.into()))?;
+        f = new;
     }
     f.write_all(&line).map_err(at(&path))
 }

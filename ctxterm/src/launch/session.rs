@@ -262,14 +262,39 @@ pub fn replace_file(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
 /// through a symlink.
 pub fn append_ref_lines(dir: &Path, lines: &str) -> std::io::Result<()> {
     let d = open_dir(dir)?;
+    let owner = rustix::fs::fstat(&d)?;
+    let give = |fd: &dyn std::os::fd::AsFd| {
+        rustix::fs::fchown(
+            fd,
+            Some(rustix::fs::Uid::from_raw(owner.st_uid)),
+            Some(rustix::fs::Gid::from_raw(owner.st_gid)),
+        )
+    };
+    let made = rustix::fs::mkdirat(&d, "context", Mode::from_raw_mode(0o755)).is_ok();
     let context = sub_dir(&d, "context")?;
-    let f = file_at(&context, "refs.jsonl", OFlags::APPEND | OFlags::CREATE)?;
-    let st = rustix::fs::fstat(&d)?;
-    let _ = rustix::fs::fchown(
-        &f,
-        Some(rustix::fs::Uid::from_raw(st.st_uid)),
-        Some(rustix::fs::Gid::from_raw(st.st_gid)),
-    );
+    if made {
+        give(&context)?;
+    }
+    // Made here: the session's owner's. Already there: taken only when it is the session
+    // owner's own file with one name (never a file of another user linked in its place).
+    let f = match file_at(&context, "refs.jsonl", OFlags::APPEND | OFlags::CREATE | OFlags::EXCL) {
+        Ok(f) => {
+            give(&f)?;
+            f
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let f = file_at(&context, "refs.jsonl", OFlags::APPEND)?;
+            let st = rustix::fs::fstat(&f)?;
+            if st.st_nlink != 1 || st.st_uid != owner.st_uid {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    "context/refs.jsonl is not the session owner's own file",
+                ));
+            }
+            f
+        }
+        Err(e) => return Err(e),
+    };
     (&f).write_all(lines.as_bytes())?;
     f.sync_data()
 }

@@ -158,6 +158,10 @@ fn launch(s: &Start, c: &Contract, view_made: &mut bool) -> Result<std::process:
     let mut child = sup.spawn().map_err(|e| Error::Supervise(format!("starting the supervisor: {e}")))?;
     drop(key_pipe);
     if let Err(e) = rundir::write_pid(c, child.id()) {
+        // A supervisor that ran its whole run already took its directory with it.
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return Ok(child);
+        }
         let _ = child.kill();
         let _ = child.wait();
         return Err(e);
@@ -377,6 +381,9 @@ fn ready(c: &Contract, child: &mut std::process::Child, wait: bool) -> Result<Re
 /// end of its log, as the record of ended runs keeps it.
 fn ended_at_once(c: &Contract, pid: u32) -> Error {
     let log = rundir::ended(&c.control, &c.agent, &c.session, i32::try_from(pid).ok()).map(|e| e.log);
+    // A supervisor that could not record its end (it failed before reading its contract)
+    // leaves its log in the run's directory.
+    let log = log.or_else(|| std::fs::read_to_string(c.runtime.join("log")).ok()); // root's: the run directory
     Error::EndedAtOnce(log.unwrap_or_default())
 }
 
@@ -478,26 +485,22 @@ pub fn supervise(contract_file: &Path, key_fd: Option<i32>) -> Result<i32> {
             70
         }
     };
+    // Its status and the end of its log go to the daemon's record of ended runs at once, for
+    // the watchers of its terminal.
+    eprintln!("agent {} session {}: terminal ended with status {code}", c.agent, c.session);
+    if let Err(e) = rundir::record_end(&c, std::process::id() as i32, code) {
+        eprintln!("agent {} session {}: {e}", c.agent, c.session);
+    }
     view::remove(&c.control, &c.view);
     sandbox::release(&c);
     if let Some(g) = groups {
         g.remove();
     }
-    eprintln!("agent {} session {}: terminal ended with status {code}", c.agent, c.session);
-    // Nothing of the run stays in the runtime directory: its status, and the end of its log,
-    // go to the daemon's record of ended runs; then its directory goes (the socket
+    // Nothing of the run stays in the runtime directory: its directory goes (the socket
     // directories are the agent's: removed beneath it, never through a link or across a
-    // mount), and its agent's directory when it was the last.
-    if let Err(e) = rundir::record_end(&c, std::process::id() as i32, code) {
-        eprintln!("agent {} session {}: {e}", c.agent, c.session);
-    }
+    // mount), first out of its name, so that a new run of the session never meets its rest.
     let _ = contract_file;
-    if let Err(e) = rundir::remove(&c.runtime) {
-        eprintln!("agent {} session {}: {e}", c.agent, c.session);
-    }
-    if let Some(agent_dir) = c.runtime.parent() {
-        let _ = std::fs::remove_dir(agent_dir); // root's: the daemon's runtime directory
-    }
+    rundir::retire(&c.runtime);
     // What went wrong is in its log and its session; its status says how it ended.
     drop(r);
     Ok(code)
@@ -647,19 +650,19 @@ fn serve_run(
         }
     };
     let code = code_of(status);
-    // Owned children go with their parent; their history stays.
-    run.reap(&children);
-    for (child, session) in receipt::owned(&children) {
-        run.cancel(&child, &session);
-    }
     // The sandbox's processes that outlived it came to this supervisor (a subreaper): a run
-    // ends with all of them.
+    // ends with all of them, first, so that none asks for a child any more.
     let outlived = end_orphans(&receipt::supervisor_pids(&children));
     if outlived > 0 {
         eprintln!(
             "agent {} session {}: {outlived} of its processes outlived the sandbox: killed",
             c.agent, c.session
         );
+    }
+    // Owned children go with their parent; their history stays.
+    run.reap(&children);
+    for (child, session) in receipt::owned(&children) {
+        run.cancel(&child, &session);
     }
     let ran = started.elapsed();
     if lost {
@@ -687,25 +690,29 @@ fn serve_run(
     Ok(code)
 }
 
-/// Kills and waits for every child of this process but those in `keep`, until none is left
-/// (a child killed may leave children of its own, which come here): returns how many.
+/// Kills and reaps every child of this process but those in `keep`, until none is left (a
+/// child killed may leave children of its own, which come here), for at most ten seconds (a
+/// process killed in an uninterruptible wait, on a daemon that no longer answers, may never
+/// go): returns how many were killed.
 fn end_orphans(keep: &[i32]) -> usize {
     let me = std::process::id() as i32;
-    let mut ended = 0;
-    // Each round takes a generation of descendants; a sandbox is a few deep.
-    for _ in 0..64 {
+    let mut killed = std::collections::BTreeSet::new();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
         let left: Vec<i32> = children_of(me).into_iter().filter(|p| !keep.contains(p)).collect();
         if left.is_empty() {
             break;
         }
         for pid in left {
             let Some(p) = rustix::process::Pid::from_raw(pid) else { continue };
-            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
-            let _ = rustix::process::waitpid(Some(p), rustix::process::WaitOptions::empty());
-            ended += 1;
+            if killed.insert(pid) {
+                let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+            }
+            let _ = rustix::process::waitpid(Some(p), rustix::process::WaitOptions::NOHANG);
         }
+        std::thread::sleep(Duration::from_millis(5));
     }
-    ended
+    killed.len()
 }
 
 /// The pids of the children of `parent`, from `/proc` (each process's `stat`).

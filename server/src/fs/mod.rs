@@ -860,6 +860,9 @@ impl CtxFs {
             return Err(err(libc::ENODATA));
         }
         let rel = self.rel(ino)?;
+        if !self.permitted(&rel) {
+            return Err(err(libc::ENOENT));
+        }
         if name == ORIGIN_XATTR {
             return origin_of(&rel).map(|o| Some(o.into_bytes())).ok_or_else(|| err(libc::ENODATA));
         }
@@ -867,7 +870,8 @@ impl CtxFs {
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Err(err(libc::ENODATA));
         }
-        let size = u64::try_from(st.st_size).unwrap_or(0);
+        // The size `stat` shows (a log's is what its appends made it).
+        let size = u64::try_from(self.shown_attr(&rel, &st)?.0.st_size).unwrap_or(0);
         let value = if name == SIZE_XATTR { size } else { size.div_ceil(4) };
         Ok(Some(value.to_string().into_bytes()))
     }
