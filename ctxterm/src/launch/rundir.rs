@@ -52,11 +52,8 @@ pub fn retire(run: &Path) {
     let _ = std::fs::remove_file(run.join("pid")); // root's: the run directory
     let (Some(parent), Some(name)) = (run.parent(), run.file_name()) else { return };
     let gone = parent.join(format!(".{}.ended.{}", name.to_string_lossy(), std::process::id()));
-    let target = match std::fs::rename(run, &gone) {
-        // root's: the daemon's runtime directory
-        Ok(()) => gone,
-        Err(_) => run.to_path_buf(),
-    };
+    let moved = std::fs::rename(run, &gone).is_ok(); // root's: the daemon's runtime directory
+    let target = if moved { gone } else { run.to_path_buf() };
     if let Err(e) = remove(&target) {
         eprintln!("{e}");
     }
