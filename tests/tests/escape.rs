@@ -183,10 +183,21 @@ fn the_doctors_cleanup_never_deletes_through_a_mount_left_in_a_run() {
     let bound =
         Command::new("mount").arg("--bind").arg(work.path()).arg(run.join("workspace")).status().unwrap();
     assert!(bound.success());
+    // An ended run an older daemon kept (its status and log, no pid), unchanged for minutes, is
+    // stale too; a directory just made (a run being prepared) is not.
+    let old = run.parent().unwrap().join(tests::unique("old"));
+    fs::create_dir_all(&old).unwrap();
+    fs::write(old.join("exit"), "0\n").unwrap();
+    fs::write(old.join("log"), "ended\n").unwrap();
+    assert!(Command::new("touch").args(["-d", "5 minutes ago"]).arg(&old).status().unwrap().success());
+    let fresh = run.parent().unwrap().join(tests::unique("fresh"));
+    fs::create_dir_all(&fresh).unwrap();
     let out = ctx(&["doctor", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let runs = v.as_array().unwrap().iter().find(|c| c["name"] == "runs").cloned().unwrap_or_default();
     assert!(runs["detail"].as_str().unwrap_or("").contains(run.to_str().unwrap()), "{v}");
+    let detail = runs["detail"].as_str().unwrap_or("");
+    assert!(detail.contains(old.to_str().unwrap()) && !detail.contains(fresh.to_str().unwrap()), "{v}");
     assert!(!runs["fix"].as_str().unwrap_or("").contains("rm -r"), "{runs}");
     let _ = ctx(&["doctor", "--fix-runs"]);
     let mounted = fs::read_to_string("/proc/self/mountinfo").unwrap();
@@ -195,6 +206,8 @@ fn the_doctors_cleanup_never_deletes_through_a_mount_left_in_a_run() {
     }
     assert_eq!(fs::read_to_string(work.path().join("precious")).unwrap(), "the operator's\n");
     assert!(!run.exists(), "the stale run's state is gone");
+    assert!(!old.exists() && fresh.exists(), "the old ended run goes, the one being prepared stays");
+    fs::remove_dir(&fresh).unwrap();
     let _ = fs::remove_dir(run.parent().unwrap());
 }
 

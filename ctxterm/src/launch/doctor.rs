@@ -190,17 +190,25 @@ fn labels(storage: &Path) -> Check {
     )
 }
 
-/// The run directories of the daemon of `control` whose supervisor is gone (a `pid` file and
-/// no such process).
+/// The run directories of the daemon of `control` whose supervisor is gone: a `pid` file and
+/// no such process, or no `pid` file and unchanged for a minute (an ended run an older daemon
+/// kept, a retired run whose removal was cut short; a run being prepared is younger).
 pub fn stale_runs(control: &Path) -> Vec<PathBuf> {
     let mut left: Vec<PathBuf> = Vec::new();
     let runs = runtime::runs_root(control);
     let Ok(root) = Tree::open(&runs) else { return left };
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     for a in root.names(usize::MAX).unwrap_or_default() {
         let Ok(agent) = root.sub(&a) else { continue };
         for s in agent.names(usize::MAX).unwrap_or_default() {
             let d = runs.join(&a).join(&s);
-            if agent.exists(Path::new(&s).join("pid")) && rundir::supervisor(&d).is_none() {
+            let old = agent.stat(&s).is_ok_and(|st| {
+                st.st_mode & libc::S_IFMT == libc::S_IFDIR
+                    && now.saturating_sub(u64::try_from(st.st_mtime).unwrap_or(0)) > 60
+            });
+            let gone =
+                if agent.exists(Path::new(&s).join("pid")) { rundir::supervisor(&d).is_none() } else { old };
+            if gone {
                 left.push(d);
             }
         }
