@@ -40,6 +40,7 @@ pub mod receipt;
 pub mod runtime;
 pub mod status;
 pub mod tshconf;
+pub mod usage;
 pub mod v0;
 
 pub use errno::Errno;

@@ -20,7 +20,6 @@ mod inodes;
 mod sync_io;
 #[cfg(test)]
 mod tests;
-mod usage;
 
 use inodes::{Access, Inodes, Node, Paths, stamp_of};
 
@@ -133,7 +132,7 @@ pub struct Logs {
     /// Held while the journal is opened: one open, however many views start at once.
     opening: Mutex<()>,
     /// Each tool's and model's use, from the lines their logs take (served as their `status`).
-    usage: usage::Usage,
+    usage: policy::usage::Usage,
 }
 
 /// [`Logs`], shared.
@@ -1598,7 +1597,7 @@ impl CtxFs {
             }
             Area::ClassDir | Area::DataRoot | Area::ControlDir => Err(err(libc::EISDIR)),
             // A tool's or model's `status`: its counters, from memory.
-            Area::Control(_) if let Some(object) = usage::status_of(rel) => {
+            Area::Control(_) if let Some(object) = policy::usage::status_of(rel) => {
                 Ok((Handle::Bytes(self.logs.usage.render(&object)), OpenOptions::DIRECT_IO | noflush()))
             }
             Area::Object | Area::Socket | Area::Control(_) => {

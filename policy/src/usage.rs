@@ -1,7 +1,8 @@
 //! Live counters of each tool's and model's use, kept in memory from the lines their logs take
 //! (`tool.call` for a tool; `model.use` and `net.refused` for a model), and served as the
 //! object's `status` control: `cat /ctx/tool/fs.read.d/status` says how it is used without
-//! reading its log. Counted since the daemon started, as the daemon takes each line.
+//! reading its log. Counted since the daemon started, as the daemon takes each line. The lines
+//! come from agents (tsh appends a tool's as the agent): any bytes are taken, never a panic.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
