@@ -15,16 +15,22 @@
 //! - claim: `mkdir claimed/J` (the winner is the only one to move the request), rename
 //!   `pending/J` to `claimed/J/J`; then lease: create and sync `lease/J/worker`. A job runs only
 //!   after both are durable.
-//! - finish: the result is written and synced inside the claim directory, renamed to
-//!   `J.result` there without replacing, then the request is moved to `done/J` (or `failed/J`)
-//!   and the result beside it. Moving the request out of the claim directory is the commit: it is
-//!   done through the claim directory's descriptor, and only one rename of that entry can win.
-//! - recover: a claim whose lease has expired (or, explicitly reconciled, a claim that never got
-//!   a lease and is older than the lease time) is fenced first (its claim directory is renamed
+//! - finish: the result is written and synced inside the claim directory and renamed to
+//!   `J.result` there without replacing; it lands first, as `done/J.result` (or
+//!   `failed/J.result`), by a rename made through the name `claimed/J` (never replacing;
+//!   a fenced claim has no result under that name), synced; then the request is moved beside it
+//!   (`done/J`), the commit: it is done through the claim directory's descriptor, and only one
+//!   rename of that entry can win. A result without its request beside it was never committed:
+//!   the worker that landed it removes it when its commit is refused, recovery when it puts the
+//!   request elsewhere, and a claim that holds the job when one is in its way.
+//! - recover: a claim whose lease has expired is fenced first (its claim directory is renamed
 //!   away), then its request goes back to `pending/` (policy `requeue`) or to `failed/` with a
 //!   result saying so (policy `fail`). A stalled worker that wakes afterwards finds its request
 //!   gone from its claim directory and cannot commit. A live worker may hold a lock on its lease
-//!   file; a locked lease is never recovered, expired or not.
+//!   file; a locked lease is never recovered, expired or not. A claim that never got its lease
+//!   (its claimer died between the two) is an incomplete pair: recovery reports it and leaves it;
+//!   an explicit reconciliation (`Queue::reconcile`, `ctx queue recover --reconcile`) settles it
+//!   once it is older than the lease time, as an expired claim.
 //! - Every rename and removal is followed by an fsync of each affected directory.
 //!
 //! "Without replacing" is `RENAME_NOREPLACE`; where the filesystem refuses it (GlusterFS),
@@ -54,6 +60,9 @@ const LEASE: usize = 2;
 const CLAIMED: usize = 3;
 const DONE: usize = 4;
 const FAILED: usize = 5;
+
+/// The most a request may hold.
+pub const REQUEST_MAX: u64 = 16 << 20;
 
 /// The default lease time.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
@@ -89,6 +98,9 @@ pub struct Queue {
     /// Runs right after a requeue, to put another claim's commit there in a test.
     #[cfg(test)]
     after_requeue: std::sync::Mutex<Option<fn(&Queue)>>,
+    /// Runs when a finish has landed its result, before its commit.
+    #[cfg(test)]
+    after_land: std::sync::Mutex<Option<fn(&Queue)>>,
 }
 
 fn errno(op: &'static str, path: PathBuf) -> impl FnOnce(Errno) -> Error {
@@ -155,6 +167,8 @@ pub struct Recovered {
     pub conflicts: Vec<String>,
     /// Fenced claims kept for the next recovery, with the reason.
     pub deferred: Vec<String>,
+    /// Claims without their lease, expired, left for an explicit reconciliation.
+    pub incomplete: Vec<String>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -194,6 +208,8 @@ impl Queue {
             plain: AtomicBool::new(false),
             #[cfg(test)]
             after_requeue: std::sync::Mutex::new(None),
+            #[cfg(test)]
+            after_land: std::sync::Mutex::new(None),
         };
         q.probe();
         if made {
@@ -572,7 +588,8 @@ impl Queue {
         Ok(serde_json::from_slice(&s).ok())
     }
 
-    /// Reads a claimed job's request.
+    /// Reads a claimed job's request (at most [`REQUEST_MAX`] bytes: a request describes work,
+    /// it does not carry its data).
     pub fn request(&self, c: &Claim) -> Result<Vec<u8>> {
         let fd = rustix::fs::openat(
             &c.claim,
@@ -582,37 +599,65 @@ impl Queue {
         )
         .map_err(errno("open", self.path(CLAIMED, &c.job)))?;
         let mut v = Vec::new();
-        File::from(fd).read_to_end(&mut v).map_err(|e| Error::io("read", self.path(CLAIMED, &c.job), e))?;
+        File::from(fd)
+            .take(REQUEST_MAX + 1)
+            .read_to_end(&mut v)
+            .map_err(|e| Error::io("read", self.path(CLAIMED, &c.job), e))?;
+        if v.len() as u64 > REQUEST_MAX {
+            return Err(Error::Invalid(format!(
+                "{}: over {REQUEST_MAX} bytes",
+                self.path(CLAIMED, &c.job).display()
+            )));
+        }
         Ok(v)
     }
 
-    /// Finishes a claimed job with `result`, into `done/` or (with `failed`) `failed/`.
+    /// Finishes a claimed job with `result`, into `done/` or (with `failed`) `failed/`: the
+    /// result lands first, then the request beside it (the commit).
     pub fn finish(&self, c: Claim, result: &[u8], failed: bool) -> Result<Finish> {
         let job = c.job.as_str();
         let shown = self.path(CLAIMED, job);
         let result_name = format!("{job}.result");
-        let tmp = format!(".{result_name}.tmp");
-        let _ = rustix::fs::unlinkat(&c.claim, tmp.as_str(), AtFlags::empty());
-        match self.write_new(&c.claim, &tmp, result, &shown.join(&tmp)) {
-            Ok(_) => {}
+        // A result an earlier finish of this claim left (it stopped before its landing) is
+        // this worker's own: this one takes its place.
+        let _ = rustix::fs::unlinkat(&c.claim, result_name.as_str(), AtFlags::empty());
+        let mut mine = match self.result_in_claim(&c, result) {
+            Ok(ino) => ino,
             // Recovery removed the (fenced) claim directory while the worker stalled, or (on a
             // filesystem that reaches a directory by its path: FUSE, NFS) moved it away.
             Err(Error::Io { source, .. }) if gone(&source) => return Ok(Finish::Fenced),
+            Err(Error::Conflict(_)) => return Ok(Finish::Fenced),
             Err(e) => return Err(e),
-        }
-        match self.move_new(&c.claim, tmp.as_str(), &c.claim, result_name.as_str()) {
-            Ok(()) => {}
-            Err(Errno::NOENT | Errno::STALE) => return Ok(Finish::Fenced),
-            Err(e) => return Err(Error::io("rename", shown.join(&result_name), e.into())),
-        }
+        };
         let dest = if failed { FAILED } else { DONE };
+        match self.land(&c, dest, result, &mut mine)? {
+            Landed::Mine => {}
+            Landed::Fenced => return Ok(Finish::Fenced),
+            Landed::Committed => {
+                return Err(Error::Conflict(format!(
+                    "{} already exists; never overwritten",
+                    self.path(dest, job).display()
+                )));
+            }
+        }
+        self.sync_dir(dest)?;
+        #[cfg(test)]
+        {
+            let hook = *self.after_land.lock().unwrap();
+            if let Some(f) = hook {
+                f(self);
+            }
+        }
         // The commit: only one rename of the request out of this claim directory can win.
         match self.move_new(&c.claim, job, &self.dirs[dest], job) {
             Ok(()) => {}
             Err(Errno::NOENT | Errno::STALE) => {
-                // Recovery moved the request away: this result was never committed, and a
-                // recovery that still finds the claim must not take it for the job's.
-                let _ = rustix::fs::unlinkat(&c.claim, result_name.as_str(), AtFlags::empty());
+                // Recovery moved the request away since the result landed: that result was
+                // never committed, and it goes (only this claim's own file).
+                if self.is_mine(&self.dirs[dest], &result_name, mine) {
+                    let _ = rustix::fs::unlinkat(&self.dirs[dest], result_name.as_str(), AtFlags::empty());
+                    self.sync_dir(dest)?;
+                }
                 return Ok(Finish::Fenced);
             }
             Err(Errno::EXIST) => {
@@ -623,10 +668,23 @@ impl Queue {
             }
             Err(e) => return Err(Error::io("rename", self.path(dest, job), e.into())),
         }
-        match self.move_new(&c.claim, result_name.as_str(), &self.dirs[dest], result_name.as_str()) {
-            // Recovery fenced the claim since the commit and moves the result (or has).
-            Ok(()) | Err(Errno::NOENT | Errno::STALE) => {}
-            Err(e) => return Err(Error::io("rename", self.path(dest, &result_name), e.into())),
+        // Committed. A recovery that put the job back just before this claim took it, or a
+        // claim fenced since that took this result for an unpaired one, may have removed it:
+        // it lands again.
+        if !self.is_mine(&self.dirs[dest], &result_name, mine) {
+            let tmp = format!(".{result_name}.tmp");
+            let _ = rustix::fs::unlinkat(&c.claim, tmp.as_str(), AtFlags::empty());
+            self.write_new(&c.claim, &tmp, result, &shown.join(&tmp))?;
+            self.move_new(&c.claim, tmp.as_str(), &self.dirs[dest], result_name.as_str()).map_err(|e| {
+                if e == Errno::EXIST {
+                    Error::Conflict(format!(
+                        "{}: another result is beside the request this claim committed",
+                        self.path(dest, &result_name).display()
+                    ))
+                } else {
+                    Error::io("rename", self.path(dest, &result_name), e.into())
+                }
+            })?;
         }
         self.sync_dir(dest)?;
         match self.fsync(&c.claim, &shown) {
@@ -636,6 +694,81 @@ impl Queue {
         }
         self.release(job, &c)?;
         Ok(Finish::Committed)
+    }
+
+    /// Writes `result` (synced) as `J.result` in the claim directory, without replacing; its
+    /// inode.
+    fn result_in_claim(&self, c: &Claim, result: &[u8]) -> Result<u64> {
+        let shown = self.path(CLAIMED, &c.job);
+        let name = format!("{}.result", c.job);
+        let tmp = format!(".{name}.tmp");
+        let _ = rustix::fs::unlinkat(&c.claim, tmp.as_str(), AtFlags::empty());
+        let f = self.write_new(&c.claim, &tmp, result, &shown.join(&tmp))?;
+        let ino = rustix::fs::fstat(&f).map_err(errno("stat", shown.join(&tmp)))?.st_ino;
+        match self.move_new(&c.claim, tmp.as_str(), &c.claim, name.as_str()) {
+            Ok(()) => Ok(ino),
+            Err(e) => Err(Error::io("rename", shown.join(&name), e.into())),
+        }
+    }
+
+    /// Lands the result of claim `c` (inode `mine`, named `J.result` in the claim) as
+    /// `J.result` in `dest`, never replacing, by a rename through the claim's name
+    /// `claimed/J`: a claim fenced since (its directory renamed away by recovery) has no result
+    /// under that name. A result found there already is the job's committed one (its request is
+    /// beside it), or one that was never committed (a worker fenced or killed between its
+    /// landing and its commit): while this claim holds the job, that one is removed and the
+    /// landing tried again. A name that leads to another claim's result (the job's next claim
+    /// took the name since this claim looked) is given it back.
+    fn land(&self, c: &Claim, dest: usize, result: &[u8], mine: &mut u64) -> Result<Landed> {
+        let job = c.job.as_str();
+        let name = format!("{job}.result");
+        let through = format!("{job}/{name}");
+        for _ in 0..3 {
+            if !self.holds(c) {
+                let _ = rustix::fs::unlinkat(&c.claim, name.as_str(), AtFlags::empty());
+                return Ok(Landed::Fenced);
+            }
+            if !self.is_mine(&c.claim, &name, *mine) {
+                // Taken by a fenced claim's landing through this claim's name (and given back
+                // as another file, or not yet): written again.
+                *mine = self.result_in_claim(c, result)?;
+            }
+            match self.move_new(&self.dirs[CLAIMED], through.as_str(), &self.dirs[dest], name.as_str()) {
+                Ok(()) if self.is_mine(&self.dirs[dest], &name, *mine) => return Ok(Landed::Mine),
+                Ok(()) => {
+                    // Another claim's result: this claim is fenced; it goes back where it was.
+                    let _ =
+                        self.move_new(&self.dirs[dest], name.as_str(), &self.dirs[CLAIMED], through.as_str());
+                    return Ok(Landed::Fenced);
+                }
+                Err(Errno::NOENT | Errno::STALE) => continue,
+                Err(Errno::EXIST) => {
+                    if rustix::fs::statat(&self.dirs[dest], job, AtFlags::SYMLINK_NOFOLLOW).is_ok() {
+                        return Ok(Landed::Committed);
+                    }
+                    if self.holds(c) {
+                        let _ = rustix::fs::unlinkat(&self.dirs[dest], name.as_str(), AtFlags::empty());
+                    }
+                }
+                Err(e) => return Err(Error::io("rename", self.path(dest, &name), e.into())),
+            }
+        }
+        Err(Error::Conflict(format!(
+            "{}: a result that is not this claim's came back three times; the job stays claimed",
+            self.path(dest, &name).display()
+        )))
+    }
+
+    /// Whether `name` in `dir` is the file `ino`.
+    fn is_mine<Fd: AsFd>(&self, dir: Fd, name: &str, ino: u64) -> bool {
+        rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|s| s.st_ino == ino)
+    }
+
+    /// Whether claim `c` still holds its job: its directory is `claimed/J` and the request is in it.
+    fn holds(&self, c: &Claim) -> bool {
+        let ours = rustix::fs::fstat(&c.claim).map(|s| s.st_ino);
+        ours.is_ok_and(|ino| self.is_mine(&self.dirs[CLAIMED], &c.job, ino))
+            && rustix::fs::statat(&c.claim, c.job.as_str(), AtFlags::SYMLINK_NOFOLLOW).is_ok()
     }
 
     /// Removes the lease and the (now empty) claim directory of a committed job.
@@ -663,7 +796,20 @@ impl Queue {
     }
 
     /// Recovers unfinished claims whose lease has expired, and reconciles partial states.
+    /// A claim that never got its lease is left alone and reported as incomplete
+    /// ([`Queue::reconcile`] settles it).
     pub fn recover(&self, policy: Policy) -> Result<Recovered> {
+        self.recover_with(policy, false)
+    }
+
+    /// Recovery that also settles the incomplete pairs recovery leaves alone: a claim whose
+    /// claimer died before it made its lease, once the claim is older than the lease time, is
+    /// fenced and settled by `policy` as an expired claim would be.
+    pub fn reconcile(&self, policy: Policy) -> Result<Recovered> {
+        self.recover_with(policy, true)
+    }
+
+    fn recover_with(&self, policy: Policy, reconcile: bool) -> Result<Recovered> {
         let mut r = Recovered::default();
         let claimed_dir = self.root.join(DIRS[CLAIMED]);
         let mut names: Vec<String> = fs::read_dir(&claimed_dir)
@@ -705,11 +851,12 @@ impl Queue {
                 r.live.push(n);
                 continue;
             }
-            let age_from = match &lease {
-                Some(l) if l.claim == meta.ino() => lease_path.metadata().and_then(|m| m.modified()).ok(),
-                // No lease (or one from an older claim): a partial pair, reconciled by the age
-                // of the claim itself.
-                _ => meta.modified().ok(),
+            let leased = lease.as_ref().is_some_and(|l| l.claim == meta.ino());
+            let age_from = if leased {
+                lease_path.metadata().and_then(|m| m.modified()).ok()
+            } else {
+                // No lease (or one from an older claim): a partial pair, aged by the claim itself.
+                meta.modified().ok()
             };
             let expired = age_from
                 .and_then(|t| SystemTime::now().duration_since(t).ok())
@@ -725,8 +872,17 @@ impl Queue {
                 self.reconcile_committed(&n, &mut r)?;
                 continue;
             }
+            if !leased && !reconcile {
+                // A claim without its lease (its claimer died between the two): an incomplete
+                // pair, settled only by an explicit reconciliation.
+                r.incomplete.push(n);
+                continue;
+            }
             // Fence: rename the claim directory away before touching the request.
             let Some(fenced) = self.fence(&n)? else { continue };
+            if !leased {
+                r.reconciled.push(format!("{n}: claimed, never leased; settled as an expired claim"));
+            }
             self.settle_fenced(&fenced, &n, policy, &mut r)?;
         }
         // Probe files of processes killed while they probed.
@@ -892,14 +1048,25 @@ impl Queue {
                     let note = br#"{"status":"error","error":"recovered after its lease expired"}"#;
                     let _ = rustix::fs::unlinkat(&fd, result.as_str(), AtFlags::empty());
                     self.write_new(&fd, &result, note, &fpath.join(&result))?;
+                    // The result first, then the request beside it; a result there that was
+                    // never committed (its request is not beside it, and this fenced claim
+                    // holds the request) goes first.
+                    if rustix::fs::statat(&self.dirs[FAILED], job, AtFlags::SYMLINK_NOFOLLOW).is_err() {
+                        let _ = rustix::fs::unlinkat(&self.dirs[FAILED], result.as_str(), AtFlags::empty());
+                    }
+                    self.move_new(&fd, result.as_str(), &self.dirs[FAILED], result.as_str())
+                        .map_err(errno("rename", self.path(FAILED, &result)))?;
+                    self.sync_dir(FAILED)?;
                     match self.move_new(&fd, job, &self.dirs[FAILED], job) {
                         Ok(()) => {
-                            self.move_new(&fd, result.as_str(), &self.dirs[FAILED], result.as_str())
-                                .map_err(errno("rename", self.path(FAILED, &result)))?;
                             r.failed.push(job.to_owned());
                             moved_out = true;
                         }
-                        Err(Errno::NOENT) => {}
+                        Err(Errno::NOENT) => {
+                            // The stalled worker committed first: the note goes.
+                            let _ =
+                                rustix::fs::unlinkat(&self.dirs[FAILED], result.as_str(), AtFlags::empty());
+                        }
                         Err(e) => return Err(Error::io("fail", self.path(FAILED, job), e.into())),
                     }
                     self.sync_dir(FAILED)?;
@@ -907,6 +1074,7 @@ impl Queue {
             }
             self.fsync(&fd, &fpath)?;
             if moved_out {
+                self.drop_uncommitted(job, r)?;
                 self.clear_fenced(fenced, &fd, job, r)?;
                 return Ok(());
             }
@@ -941,6 +1109,23 @@ impl Queue {
         Ok(())
     }
 
+    /// Removes a result of `job` that landed and was never committed (its request is not
+    /// beside it): recovery has just put the request elsewhere, so it is the result of a run
+    /// that will be made again. A worker whose result this was lands it again after its commit.
+    fn drop_uncommitted(&self, job: &str, r: &mut Recovered) -> Result<()> {
+        let result = format!("{job}.result");
+        for d in [DONE, FAILED] {
+            if rustix::fs::statat(&self.dirs[d], job, AtFlags::SYMLINK_NOFOLLOW).is_err()
+                && rustix::fs::unlinkat(&self.dirs[d], result.as_str(), AtFlags::empty()).is_ok()
+            {
+                self.sync_dir(d)?;
+                r.reconciled
+                    .push(format!("{job}: removed a result that was never committed from {}/", DIRS[d]));
+            }
+        }
+        Ok(())
+    }
+
     /// `done/` or `failed/`, whichever holds the request `job`: it was committed.
     fn committed_to(&self, job: &str) -> Option<usize> {
         [DONE, FAILED]
@@ -967,6 +1152,9 @@ impl Queue {
             Err(Errno::EXIST)
                 if self.same_file(claim, &self.dirs[dest], &result) || !lists(claim, &result) =>
             {
+                // The claim's name goes (a second link its worker had not removed yet; for a
+                // name the claim does not list, the volume answers ENOENT).
+                let _ = rustix::fs::unlinkat(claim, result.as_str(), AtFlags::empty());
                 Ok(Beside::Absent)
             }
             Err(Errno::EXIST) => {
@@ -1001,6 +1189,17 @@ impl Claim {
     pub fn holds_lock(&self) -> bool {
         self.lease_file.is_some()
     }
+}
+
+/// Where [`Queue::land`] put a claim's result.
+#[derive(Debug, PartialEq, Eq)]
+enum Landed {
+    /// Beside where the request goes.
+    Mine,
+    /// Nowhere: the claim was fenced.
+    Fenced,
+    /// Nowhere: the job is committed already.
+    Committed,
 }
 
 /// What [`Queue::result_beside`] did.
@@ -1070,7 +1269,11 @@ mod tests {
         assert_eq!(q.request(&c).unwrap(), b"{\"n\":1}");
         let s2 = q.syncs();
         assert_eq!(q.finish(c, b"{\"ok\":true}", false).unwrap(), Finish::Committed);
-        assert_eq!(q.syncs() - s2, 5, "finish: result file, done/, claim dir; release: lease/, claimed/");
+        assert_eq!(
+            q.syncs() - s2,
+            6,
+            "finish: result file, done/ (the result), done/ (the request), claim dir; release: lease/, claimed/"
+        );
         let root = q.root().to_path_buf();
         assert_eq!(fs::read(root.join("done/a.req.json")).unwrap(), b"{\"n\":1}");
         assert_eq!(fs::read(root.join("done/a.req.json.result")).unwrap(), b"{\"ok\":true}");
@@ -1263,11 +1466,106 @@ mod tests {
         let mut r = Recovered::default();
         assert_eq!(q.result_beside(&claim, "j.req.json", DONE, &mut r).unwrap(), Beside::Absent);
         assert!(r.conflicts.is_empty(), "{r:?}");
+        assert!(!root.join("claimed/j.req.json/j.req.json.result").exists(), "the second name goes");
         // A different file there is a second result, kept for a person.
-        fs::remove_file(root.join("claimed/j.req.json/j.req.json.result")).unwrap();
         fs::write(root.join("claimed/j.req.json/j.req.json.result"), b"{\"r\":2}").unwrap();
         assert_eq!(q.result_beside(&claim, "j.req.json", DONE, &mut r).unwrap(), Beside::Two);
         assert_eq!(fs::read(root.join("done/j.req.json.result")).unwrap(), b"{\"r\":1}");
+    }
+
+    /// The spec's finish order: the result is in `done/` before the request moves beside it,
+    /// and a reader of `done/` never takes a result without its request for a finished job.
+    #[test]
+    fn the_result_lands_before_its_request() {
+        let (_d, q) = q(DEFAULT_LEASE);
+        q.publish("j.req.json", b"{}").unwrap();
+        let c = q.claim("w1", false).unwrap().unwrap();
+        *q.after_land.lock().unwrap() = Some(|q| {
+            let done = q.root().join("done");
+            assert_eq!(fs::read(done.join("j.req.json.result")).unwrap(), b"{\"r\":1}", "the result first");
+            assert!(!done.join("j.req.json").exists(), "then the request");
+            assert!(q.list().unwrap().done.is_empty(), "a result alone is no finished job");
+        });
+        assert_eq!(q.finish(c, b"{\"r\":1}", false).unwrap(), Finish::Committed);
+        *q.after_land.lock().unwrap() = None;
+        assert_eq!(q.list().unwrap().done, ["j.req.json"]);
+        let claim_left = fs::read_dir(q.root().join("claimed")).unwrap().count();
+        assert_eq!(claim_left, 0, "the claim's own name of the result goes with the claim");
+    }
+
+    /// A worker killed between its result's landing and its commit: the result, never
+    /// committed, is removed when recovery requeues the job, and the next run's result lands.
+    #[test]
+    fn a_result_that_landed_without_its_commit_is_removed_when_the_job_is_requeued() {
+        let (_d, q) = q(Duration::ZERO);
+        let root = q.root().to_path_buf();
+        q.publish("j.req.json", b"{}").unwrap();
+        let c = q.claim("w1", false).unwrap().unwrap();
+        fs::write(root.join("claimed/j.req.json/j.req.json.result"), b"{\"dead\":1}").unwrap();
+        fs::hard_link(root.join("claimed/j.req.json/j.req.json.result"), root.join("done/j.req.json.result"))
+            .unwrap();
+        drop(c);
+        let r = q.recover(Policy::Requeue).unwrap();
+        assert_eq!(r.requeued, ["j.req.json"], "{r:?}");
+        assert!(r.reconciled.iter().any(|l| l.contains("never committed")), "{r:?}");
+        assert!(!root.join("done/j.req.json.result").exists());
+        let c = q.claim("w2", false).unwrap().unwrap();
+        assert_eq!(q.finish(c, b"{\"live\":1}", false).unwrap(), Finish::Committed);
+        assert_eq!(fs::read(root.join("done/j.req.json.result")).unwrap(), b"{\"live\":1}");
+        assert_eq!(q.recover(Policy::Requeue).unwrap(), Recovered::default());
+    }
+
+    /// A result without its request in the way of the claim that holds the job (left by a
+    /// worker fenced or killed before its commit) is no commit: it is replaced by this one's.
+    #[test]
+    fn an_unpaired_result_is_no_commit_and_the_holder_lands_its_own() {
+        let (_d, q) = q(DEFAULT_LEASE);
+        let root = q.root().to_path_buf();
+        q.publish("j.req.json", b"{}").unwrap();
+        fs::write(root.join("done/j.req.json.result"), b"{\"stale\":1}").unwrap();
+        let c = q.claim("w1", false).unwrap().unwrap();
+        assert_eq!(q.finish(c, b"{\"live\":1}", false).unwrap(), Finish::Committed);
+        assert_eq!(fs::read(root.join("done/j.req.json.result")).unwrap(), b"{\"live\":1}");
+    }
+
+    /// A worker fenced after its result landed (recovery requeued the job meanwhile and the job's
+    /// next claim committed) never leaves its result in the place of the committed one.
+    #[test]
+    fn a_worker_fenced_after_its_landing_leaves_the_next_claims_commit_alone() {
+        let (_d, q) = q(Duration::ZERO);
+        let root = q.root().to_path_buf();
+        q.publish("j.req.json", b"{}").unwrap();
+        let stalled = q.claim("w1", false).unwrap().unwrap();
+        *q.after_land.lock().unwrap() = Some(|q| {
+            *q.after_land.lock().unwrap() = None;
+            let r = q.recover(Policy::Requeue).unwrap();
+            assert_eq!(r.requeued, ["j.req.json"], "{r:?}");
+            let fresh = q.claim("w2", false).unwrap().unwrap();
+            assert_eq!(q.finish(fresh, b"{\"fresh\":1}", false).unwrap(), Finish::Committed);
+        });
+        assert_eq!(q.finish(stalled, b"{\"stale\":1}", false).unwrap(), Finish::Fenced);
+        assert_eq!(fs::read(root.join("done/j.req.json.result")).unwrap(), b"{\"fresh\":1}");
+        assert_eq!(fs::read_dir(root.join("claimed")).unwrap().count(), 0);
+        assert_eq!(q.recover(Policy::Requeue).unwrap(), Recovered::default());
+    }
+
+    /// A claim whose claimer died before it leased the job is an incomplete pair: recovery
+    /// reports it and never moves it; an explicit reconciliation settles it.
+    #[test]
+    fn a_claim_without_its_lease_is_settled_only_by_an_explicit_reconciliation() {
+        let (_d, q) = q(Duration::ZERO);
+        let root = q.root().to_path_buf();
+        q.publish("j.req.json", b"{}").unwrap();
+        fs::create_dir(root.join("claimed/j.req.json")).unwrap();
+        fs::rename(root.join("pending/j.req.json"), root.join("claimed/j.req.json/j.req.json")).unwrap();
+        let r = q.recover(Policy::Requeue).unwrap();
+        assert_eq!(r.incomplete, ["j.req.json"], "{r:?}");
+        assert!(r.requeued.is_empty() && r.reconciled.is_empty(), "{r:?}");
+        assert!(root.join("claimed/j.req.json/j.req.json").exists(), "left as it was");
+        let r = q.reconcile(Policy::Requeue).unwrap();
+        assert_eq!(r.requeued, ["j.req.json"], "{r:?}");
+        assert!(r.reconciled.iter().any(|l| l.contains("never leased")), "{r:?}");
+        assert_eq!(q.list().unwrap().pending, ["j.req.json"]);
     }
 
     /// Where the filesystem refuses `RENAME_NOREPLACE` (GlusterFS), every step still never

@@ -246,7 +246,7 @@ pub fn race(
         errors.push_str(&w.output());
     }
     std::thread::sleep(lease);
-    let r = q.recover(Policy::Requeue).unwrap();
+    let r = q.reconcile(Policy::Requeue).unwrap();
     assert!(r.requeued.is_empty(), "jobs requeued after all were done: {:?}", r.requeued);
     // A job run again from its copy keeps its second result in its claim, for inspection, and
     // recovery says so; nothing else is a conflict.
@@ -368,7 +368,9 @@ fn stuck(qdir: &Path, jobs: usize) -> String {
 /// A recovery during the race: what it did, or (while chaos takes the filesystem's quorum
 /// away, say) why it could not; the last recovery, after the race, must succeed.
 fn recover(q: &Queue, round: usize, seen: &mut Vec<String>, errors: &mut String) {
-    match q.recover(Policy::Requeue) {
+    // As an operator after crashes: workers killed between their claim and their lease leave
+    // incomplete pairs, which only an explicit reconciliation settles.
+    match q.reconcile(Policy::Requeue) {
         Ok(r) => seen.push(format!("round {round}: {r:?}")),
         Err(e) => errors.push_str(&format!("recovery in round {round}: {e}\n")),
     }

@@ -58,7 +58,12 @@ pub enum Cmd {
         /// Lease time in milliseconds.
         #[arg(long, default_value_t = 60_000)]
         lease_ms: u64,
-        /// Print one JSON object: {"requeued","failed","reconciled","live","deferred","conflicts"}.
+        /// Also settle incomplete pairs: claims whose claimer died before leasing them, once older
+        /// than the lease time, as expired claims.
+        #[arg(long)]
+        reconcile: bool,
+        /// Print one JSON object:
+        /// {"requeued","failed","reconciled","live","deferred","incomplete","conflicts"}.
         #[arg(long)]
         json: bool,
     },
@@ -161,17 +166,17 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                 .into()),
             }
         }
-        Cmd::Recover { dir, policy, lease_ms, json } => {
+        Cmd::Recover { dir, policy, lease_ms, reconcile, json } => {
             let q = open(&dir, Duration::from_millis(lease_ms))?;
             let p = match policy {
                 PolicyArg::Requeue => Policy::Requeue,
                 PolicyArg::Fail => Policy::Fail,
             };
-            let r = q.recover(p).map_err(fail)?;
+            let r = if reconcile { q.reconcile(p) } else { q.recover(p) }.map_err(fail)?;
             if json {
                 out::line(serde_json::json!({"requeued": r.requeued, "failed": r.failed,
                     "reconciled": r.reconciled, "live": r.live, "deferred": r.deferred,
-                    "conflicts": r.conflicts}))?;
+                    "incomplete": r.incomplete, "conflicts": r.conflicts}))?;
                 return if r.conflicts.is_empty() { Ok(()) } else { Err(Exit::quiet(exit::FAILURE).into()) };
             }
             for j in &r.requeued {
@@ -188,6 +193,9 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             }
             for j in &r.deferred {
                 out::line(format_args!("deferred {j}"))?;
+            }
+            for j in &r.incomplete {
+                out::line(format_args!("incomplete {j}: claimed, never leased; --reconcile settles it"))?;
             }
             for j in &r.conflicts {
                 out::line(format_args!("conflict {j}"))?;
