@@ -1688,3 +1688,75 @@ fn every_run_of_an_agent_writes_its_start_end_and_refusals_to_the_agents_log() {
     let end = lines.iter().find(|v| v["session"] == refused.as_str() && v["type"] == "run.end").unwrap();
     assert_eq!(end["status"], "stopped", "{end}");
 }
+
+/// Asynchronous tool calls in a real sandbox: `tsh submit` returns while the tool runs, the
+/// result lands in the session's outbox (`async/done/`, result first), `tsh collect` reads it
+/// with the tool's output and status, and the facts are in `events.jsonl`.
+#[test]
+fn a_long_shell_exec_is_submitted_and_collected_with_its_facts() {
+    let w = World::new();
+    let policy = w.s.storage.join("agent/coder.d/policy");
+    let mut p = fs::read_to_string(&policy).unwrap();
+    p.push_str("allow coder_t tool:shell.exec execute\n");
+    fs::write(&policy, p).unwrap();
+    fs::write(w.s.storage.join("tool/shell.exec.d/policy"), "allow coder_t tool:shell.exec execute\n")
+        .unwrap();
+    let s = session("async");
+    // The tool waits for a file only the script makes after its first collect: no timing.
+    let script = "cd /workspace; \
+         id=$(/ctx/bin/tsh submit shell.exec /bin/sh -c 'while [ ! -e /workspace/go ]; do sleep 0.05; done; echo late-answer; echo to-stderr >&2; exit 3'); \
+         echo \"$id\" > id; \
+         /ctx/bin/tsh collect \"$id\" > early 2> early.err; echo $? > early.rc; \
+         /ctx/bin/tsh jobs > jobs.running; \
+         touch go; \
+         /ctx/bin/tsh collect --wait \"$id\" > late 2> late.err; echo $? > late.rc; \
+         /ctx/bin/tsh jobs > jobs.done; \
+         /ctx/bin/tsh submit fs.write x 2> denied.err; echo $? > denied.rc; \
+         dead=$(/ctx/bin/tsh submit shell.exec /bin/sh -c 'read -r _ _ _ gp _ < /proc/$PPID/stat; kill -9 $gp'); \
+         /ctx/bin/tsh collect --wait \"$dead\" 2> dead.err; echo $? > dead.rc";
+    let out = w.start(&s, &["--wait"], &["/bin/sh", "-c", script]);
+    assert!(out.status.success(), "{}", text(&out));
+    let read = |f: &str| fs::read_to_string(w.work.join(f)).unwrap_or_default();
+    let id = read("id").trim().to_owned();
+    assert!(id.starts_with('a'), "submit prints the id: {id:?} {}", text(&out));
+    assert_eq!(read("early.rc"), "69\n", "not finished yet: {}", read("early.err"));
+    assert!(read("jobs.running").contains(&format!("{id}\trunning\tshell.exec")), "{}", read("jobs.running"));
+    assert_eq!(read("late"), "late-answer\n", "the tool's output: {}", read("late.err"));
+    assert_eq!(read("late.err"), "to-stderr\n");
+    assert_eq!(read("late.rc"), "3\n", "the tool's exit status");
+    assert!(read("jobs.done").contains(&format!("{id}\tfailed\tshell.exec")), "{}", read("jobs.done"));
+    assert_eq!(read("denied.rc"), "13\n", "a submission is checked as a run: {}", read("denied.err"));
+    // A worker killed while its tool ran: its lease is no longer locked, and collect files the
+    // job as failed instead of waiting for good.
+    assert_eq!(read("dead.rc"), "1\n", "{}", read("dead.err"));
+    assert!(read("dead.err").contains("recovered after its lease expired"), "{}", read("dead.err"));
+    // The outbox: the request and its result beside it, nothing left claimed.
+    let dir = w.s.storage.join(format!("home/1000/agent/coder/session/{s}/async"));
+    let result: serde_json::Value =
+        serde_json::from_slice(&fs::read(dir.join(format!("failed/{id}.req.json.result"))).unwrap()).unwrap();
+    assert_eq!(
+        (result["exit"].as_i64(), result["stdout"].as_str()),
+        (Some(3), Some("late-answer\n")),
+        "{result}"
+    );
+    assert!(dir.join(format!("failed/{id}.req.json")).is_file());
+    assert_eq!(fs::read_dir(dir.join("claimed")).unwrap().count(), 0);
+    // The facts: submitted, run (with its id), collected.
+    let events =
+        fs::read_to_string(w.s.storage.join(format!("home/1000/agent/coder/session/{s}/events.jsonl")))
+            .unwrap();
+    let facts: Vec<serde_json::Value> = events
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["async"] == id.as_str())
+        .collect();
+    let kinds: Vec<&str> = facts.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["tool.submit", "tool.call", "tool.collect"], "{events}");
+    assert_eq!((facts[1]["object"].as_str(), facts[1]["exit"].as_i64()), (Some("tool/shell.exec"), Some(3)));
+    assert!(
+        events.contains("\"tool.call\"") && events.contains("\"denied\""),
+        "the refusal is recorded: {events}"
+    );
+    let log = fs::read_to_string(w.s.storage.join("tool/shell.exec.d/log")).unwrap_or_default();
+    assert!(log.contains(&format!("\"async\":\"{id}\"")), "the tool's log: {log}");
+}

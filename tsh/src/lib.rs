@@ -4,7 +4,8 @@
 //!   the `CTX_PATH` in force (`.tshrc`, environment, default; injected in an agent terminal);
 //! - [`resolve`]: lookup through `CTX_PATH`, cached in [`cache`], the W-TinyLFU resolution cache;
 //! - [`run`]: a tool run: both policies, hooks, the process, the `tool.call` record;
-//! - [`shell`]: the built-ins and the working set (`load`, `pin`).
+//! - [`shell`]: the built-ins and the working set (`load`, `pin`);
+//! - [`submit`]: asynchronous calls (`submit`, `collect`, `jobs`) on the queue's primitives.
 //!
 //! tsh talks to `/ctx` as files, like any client, and never links the server.
 
@@ -15,6 +16,7 @@ pub mod context;
 pub mod resolve;
 pub mod run;
 pub mod shell;
+pub mod submit;
 
 /// Why a command failed, with its stable exit code.
 #[derive(Clone, Debug, PartialEq, Eq)]

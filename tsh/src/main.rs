@@ -62,9 +62,12 @@ fn main() -> ExitCode {
     }
     let mut args: Vec<OsString> = std::env::args_os().skip(1).collect();
     let mut mode = Mode::Cli;
+    let mut worker = false;
     while let Some(a) = args.first().and_then(|a| a.to_str()) {
         match a {
             "--json" => mode = Mode::Native,
+            // The worker `submit` starts.
+            "--async-worker" => worker = true,
             "-h" | "--help" => args[0] = "help".into(),
             "-V" | "--version" => {
                 println!("tsh {}", env!("CARGO_PKG_VERSION"));
@@ -90,6 +93,12 @@ fn main() -> ExitCode {
         Err(f) => return exit(report(&f, "")),
     };
     let mut sh = Shell::new(ctx);
+    if worker {
+        return match sh.work() {
+            Ok(code) => exit(code),
+            Err(f) => exit(report(&f, "async worker")),
+        };
+    }
     if args.is_empty() {
         if mode == Mode::Native {
             eprintln!("tsh: --json needs a tool name");

@@ -40,10 +40,12 @@ pub enum Mode {
 
 /// The outcome of a run, for the audit record.
 #[derive(Debug)]
-struct Outcome {
+struct Outcome<'a> {
     status: &'static str,
     exit: Option<i32>,
     reason: Option<String>,
+    /// The submission this call ran for (`tsh submit`).
+    async_id: Option<&'a str>,
 }
 
 fn read_small(path: &Path) -> Result<String, String> {
@@ -195,7 +197,9 @@ impl Call<'_> {
         Ok(())
     }
 
-    fn spawn(&self, hit: &Hit, mode: Mode) -> Result<i32, Fail> {
+    /// The command that runs the tool: argv (`argv[0]` the tool's name) and the documented
+    /// environment.
+    fn command(&self, hit: &Hit, mode: Mode) -> Command {
         let mut cmd = Command::new(&hit.path);
         {
             use std::os::unix::process::CommandExt;
@@ -203,6 +207,11 @@ impl Call<'_> {
         }
         cmd.args(self.args);
         self.env(&mut cmd, hit, mode);
+        cmd
+    }
+
+    fn spawn(&self, hit: &Hit, mode: Mode) -> Result<i32, Fail> {
+        let mut cmd = self.command(hit, mode);
         match mode {
             Mode::Cli => {
                 let status =
@@ -288,7 +297,7 @@ fn record(
     object: &str,
     controls: Option<&Path>,
     started: Instant,
-    o: &Outcome,
+    o: &Outcome<'_>,
 ) -> Result<(), Fail> {
     let mut ev = json!({
         "ts": humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
@@ -305,6 +314,19 @@ fn record(
     if let Some(r) = &o.reason {
         ev["reason"] = json!(r);
     }
+    if let Some(id) = o.async_id {
+        ev["async"] = json!(id);
+    }
+    append_fact(ctx, controls, &ev)
+}
+
+/// Appends the record `ev` to the session's `events.jsonl` and (given `controls`) the tool's
+/// `.d/log`; each returns once durable on CortexFS.
+pub(crate) fn append_fact(
+    ctx: &Context,
+    controls: Option<&Path>,
+    ev: &serde_json::Value,
+) -> Result<(), Fail> {
     let mut line = ev.to_string().into_bytes();
     line.push(b'\n');
     let log = controls.map(|c| c.join("log"));
@@ -338,6 +360,108 @@ fn record(
     }
 }
 
+/// A call that may run: both policies allowed it and its `pre.d` hooks passed.
+pub(crate) struct Cleared<'a> {
+    call: Call<'a>,
+    hit: Hit,
+    object: String,
+    started: Instant,
+}
+
+/// The agent of the terminal context, or why there is none.
+pub(crate) fn agent_of<'a>(ctx: &'a Context, name: &str) -> Result<&'a Agent, Fail> {
+    ctx.agent.as_ref().ok_or_else(|| {
+        Fail::Unavailable(format!(
+            "running {name} needs an agent terminal, and {} serves the host view (tools can be listed \
+             and described here; start an agent with `ctx agent start`)",
+            ctx.root.display()
+        ))
+    })
+}
+
+/// Checks both policies (and, with `hooks`, runs the `pre.d` hooks); a refusal is recorded
+/// (`tool.call`, with `async` when given) and returned.
+pub(crate) fn clear<'a>(
+    ctx: &'a Context,
+    resolver: &mut Resolver,
+    name: &'a str,
+    args: &'a [OsString],
+    hooks: bool,
+    async_id: Option<&str>,
+) -> Result<Cleared<'a>, Fail> {
+    let agent = agent_of(ctx, name)?;
+    let started = Instant::now();
+    let call = Call { ctx, agent, name, args };
+    let hit = match call.authorize(resolver) {
+        Ok(hit) => hit,
+        Err((fail, controls)) => {
+            let status = if matches!(fail, Fail::Denied(_)) { "denied" } else { "error" };
+            let object = format!("tool/{name}");
+            let o = Outcome { status, exit: None, reason: Some(fail.message().to_owned()), async_id };
+            record(ctx, agent, &object, controls.as_deref(), started, &o)?;
+            return Err(fail);
+        }
+    };
+    let object = ctx.object_name(&hit.path);
+    if hooks && let Err(why) = call.hooks(&hit, "pre.d", None) {
+        let o = Outcome { status: "denied", exit: None, reason: Some(why.clone()), async_id };
+        record(ctx, agent, &object, Some(&hit.controls()), started, &o)?;
+        return Err(Fail::Denied(why));
+    }
+    Ok(Cleared { call, hit, object, started })
+}
+
+impl Cleared<'_> {
+    /// The object name of the tool, as records give it.
+    pub(crate) fn object(&self) -> &str {
+        &self.object
+    }
+
+    /// The tool's control directory.
+    pub(crate) fn controls(&self) -> PathBuf {
+        self.hit.controls()
+    }
+
+    /// The agent's name.
+    pub(crate) fn agent_name(&self) -> &str {
+        &self.call.agent.name
+    }
+
+    /// The session.
+    pub(crate) fn session(&self) -> &str {
+        &self.call.agent.session
+    }
+
+    /// The command that runs the tool: argv (`argv[0]` the tool's name) and the documented
+    /// environment.
+    pub(crate) fn command(&self, mode: Mode) -> Command {
+        self.call.command(&self.hit, mode)
+    }
+
+    /// Runs the `post.d` hooks after `result` and records the call (`tool.call`, with `async`
+    /// when given): once durable on CortexFS.
+    pub(crate) fn conclude(&self, result: &Result<i32, Fail>, async_id: Option<&str>) -> Result<(), Fail> {
+        let post = match result {
+            Ok(code) => self.call.hooks(&self.hit, "post.d", Some(*code)).err(),
+            Err(_) => None,
+        };
+        let o = match result {
+            Ok(code) => Outcome {
+                status: if *code == 0 { "ok" } else { "error" },
+                exit: Some(*code),
+                reason: post.clone(),
+                async_id,
+            },
+            Err(f) => Outcome { status: "error", exit: None, reason: Some(f.message().to_owned()), async_id },
+        };
+        record(self.call.ctx, self.call.agent, &self.object, Some(&self.hit.controls()), self.started, &o)?;
+        if let Some(why) = post {
+            eprintln!("tsh: {}: post hook: {why}", self.call.name);
+        }
+        Ok(())
+    }
+}
+
 /// Runs `name` with `args` in the agent terminal context. Returns the exit code.
 pub fn run(
     ctx: &Context,
@@ -346,48 +470,8 @@ pub fn run(
     args: &[OsString],
     mode: Mode,
 ) -> Result<i32, Fail> {
-    let Some(agent) = &ctx.agent else {
-        return Err(Fail::Unavailable(format!(
-            "running {name} needs an agent terminal, and {} serves the host view (tools can be listed \
-             and described here; start an agent with `ctx agent start`)",
-            ctx.root.display()
-        )));
-    };
-    let started = Instant::now();
-    let call = Call { ctx, agent, name, args };
-    let hit = match call.authorize(resolver) {
-        Ok(hit) => hit,
-        Err((fail, controls)) => {
-            let status = if matches!(fail, Fail::Denied(_)) { "denied" } else { "error" };
-            let object = format!("tool/{name}");
-            let o = Outcome { status, exit: None, reason: Some(fail.message().to_owned()) };
-            record(ctx, agent, &object, controls.as_deref(), started, &o)?;
-            return Err(fail);
-        }
-    };
-    let object = ctx.object_name(&hit.path);
-    let controls = hit.controls();
-    if let Err(why) = call.hooks(&hit, "pre.d", None) {
-        let o = Outcome { status: "denied", exit: None, reason: Some(why.clone()) };
-        record(ctx, agent, &object, Some(&controls), started, &o)?;
-        return Err(Fail::Denied(why));
-    }
-    let result = call.spawn(&hit, mode);
-    let post = match &result {
-        Ok(code) => call.hooks(&hit, "post.d", Some(*code)).err(),
-        Err(_) => None,
-    };
-    let o = match &result {
-        Ok(code) => Outcome {
-            status: if *code == 0 { "ok" } else { "error" },
-            exit: Some(*code),
-            reason: post.clone(),
-        },
-        Err(f) => Outcome { status: "error", exit: None, reason: Some(f.message().to_owned()) },
-    };
-    record(ctx, agent, &object, Some(&controls), started, &o)?;
-    if let Some(why) = post {
-        eprintln!("tsh: {name}: post hook: {why}");
-    }
+    let cleared = clear(ctx, resolver, name, args, true, None)?;
+    let result = cleared.call.spawn(&cleared.hit, mode);
+    cleared.conclude(&result, None)?;
     result
 }

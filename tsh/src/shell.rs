@@ -17,8 +17,10 @@ use crate::resolve::{Hit, Resolver};
 use crate::run::{self, Mode};
 
 /// The built-in commands, which take precedence over tools of the same name.
-pub const BUILTINS: &[&str] =
-    &["tools", "which", "describe", "load", "unload", "loads", "pin", "unpin", "pins", "help", "exit"];
+pub const BUILTINS: &[&str] = &[
+    "tools", "which", "describe", "load", "unload", "loads", "pin", "unpin", "pins", "submit", "collect",
+    "jobs", "help", "exit",
+];
 
 const HELP: &str = "\
 tsh: the CortexFS tool shell
@@ -37,6 +39,11 @@ built-ins:
   pin TOOL             keep a tool loaded and its resolution cached
   unpin TOOL           put it back under the cache's policy
   pins                 the pinned tools
+  submit TOOL ARG...   run a tool in the background; prints its id (the result goes to the
+                       session's outbox, async/done/)
+  collect ID [--wait] [--json]
+                       the output and exit status of a submitted call (69 while it runs)
+  jobs                 the session's submissions and their states
   help                 this text
   exit [N]             leave the prompt
 ";
@@ -95,6 +102,12 @@ impl Shell {
     /// The context.
     pub fn context(&self) -> &Context {
         &self.ctx
+    }
+
+    /// Works the session's submissions until none is left (`tsh --async-worker`, started by
+    /// `submit`).
+    pub fn work(&mut self) -> Result<i32, Fail> {
+        crate::submit::work(&self.ctx, &mut self.resolver)
     }
 
     fn save(&self) -> Result<(), Fail> {
@@ -283,6 +296,29 @@ impl Shell {
                 writeln!(out, "\nCTX_PATH={} (from {src})", self.ctx.path_string()).map_err(io)?;
                 Ok(0)
             }
+            "submit" => {
+                let Some((tool, args)) = rest.split_first() else {
+                    return Err(Fail::Usage("submit: expected a tool name".into()));
+                };
+                let tool =
+                    tool.to_str().ok_or_else(|| Fail::Usage("submit: not a valid tool name".into()))?;
+                crate::submit::submit(&self.ctx, &mut self.resolver, tool, args, out)
+            }
+            "collect" => {
+                let mut id = None;
+                let (mut wait, mut json) = (false, false);
+                for a in rest {
+                    match a.to_str() {
+                        Some("--wait") => wait = true,
+                        Some("--json") => json = true,
+                        Some(w) if !w.starts_with('-') && id.is_none() => id = Some(w.to_owned()),
+                        _ => return Err(Fail::Usage(format!("collect: unexpected {}", a.to_string_lossy()))),
+                    }
+                }
+                let id = id.ok_or_else(|| Fail::Usage("collect: expected a submission id".into()))?;
+                crate::submit::collect(&self.ctx, &id, wait, json, out)
+            }
+            "jobs" => crate::submit::jobs(&self.ctx, out),
             "exit" => Ok(rest.first().and_then(|a| a.to_str()).and_then(|a| a.parse().ok()).unwrap_or(0)),
             name => run::run(&self.ctx, &mut self.resolver, name, rest, mode),
         }
