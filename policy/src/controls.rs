@@ -131,6 +131,16 @@ fn json_object(bytes: &[u8]) -> Result<serde_json::Map<String, serde_json::Value
     }
 }
 
+/// A JSON Schema (`.d/program`): a JSON object that compiles as a schema of a draft the
+/// `jsonschema` crate knows (2020-12 unless `$schema` names another), checked against its
+/// meta-schema; references outside the document are not followed (and refused).
+fn json_schema(bytes: &[u8]) -> Result<(), String> {
+    let m = json_object(bytes)?;
+    jsonschema::validator_for(&serde_json::Value::Object(m))
+        .map(drop)
+        .map_err(|e| format!("not a valid JSON Schema: {e}"))
+}
+
 /// The `.d/mcp` stdio locator.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct McpLocator {
@@ -201,7 +211,8 @@ pub fn validate(class: ObjectClass, object: &str, control: &str, bytes: &[u8]) -
             let lines: Vec<String> = errs.iter().map(ToString::to_string).collect();
             lines.join("; ")
         }),
-        "schema" | "program" | "meta.json" => json_object(bytes).map(drop),
+        "schema" | "meta.json" => json_object(bytes).map(drop),
+        "program" => json_schema(bytes),
         "mcp" => parse_mcp_locator(bytes).map(drop),
         "config" if object == "tsh" => crate::tshconf::parse_config(bytes).map(drop).map_err(|errs| {
             let lines: Vec<String> = errs.iter().map(ToString::to_string).collect();
@@ -268,6 +279,23 @@ mod tests {
         assert!(validate(Tool, "fs.read", "schema", b"{\"type\":\"object\"}").is_ok());
         assert!(validate(Tool, "fs.read", "schema", b"[1]").is_err());
         assert!(validate(Tool, "fs.read", "program", b"nope").is_err());
+        let program = br#"{"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object","properties":{"n":{"type":"integer","minimum":0}},"required":["n"]}"#;
+        assert_eq!(validate(Tool, "fs.read", "program", program), Ok(()));
+        // JSON objects that are no JSON Schema: a type that does not exist, a bad pattern, a
+        // reference that leads nowhere, a draft nobody knows.
+        for bad in [
+            &br#"{"type":"integr"}"#[..],
+            br#"{"type":"string","pattern":"(unclosed"}"#,
+            br#"{"$ref":"https://example.invalid/s.json"}"#,
+            br#"{"properties":{"n":{"minimum":"zero"}}}"#,
+        ] {
+            let r = validate(Tool, "fs.read", "program", bad);
+            assert!(
+                r.as_ref().is_err_and(|e| e.contains("not a valid JSON Schema")),
+                "{}: {r:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
         assert!(validate(Tool, "fs.read", "name", b"fs.read\n").is_ok());
         assert!(validate(Tool, "fs.read", "name", b"fs.write\n").is_err());
         assert!(validate(Agent, "a", "uid", b"1000\n").is_ok());

@@ -68,6 +68,17 @@ fn objects_and_controls() {
         b"allow coder_t tool:hello execute\nallow reviewer_t tool:hello execute\n"
     );
     assert_eq!(errno(fs::write(&policy, b"allow coder_t agent:* create\n")), libc::EINVAL);
+    // `.d/program` is a JSON Schema, checked as one when written.
+    let program = s.p("tool/hello.d/program");
+    fs::write(&program, br#"{"type":"object","properties":{"n":{"type":"integer"}}}"#).unwrap();
+    // A control is checked whole when it is closed: dd reports errors from close.
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!("printf '{{\"type\":\"integr\"}}' | dd of={} status=none", program.display()))
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Invalid argument"), "{out:?}");
+    assert_eq!(fs::read(&program).unwrap(), br#"{"type":"object","properties":{"n":{"type":"integer"}}}"#);
     // Without a trailing newline the last line is checked when the file is closed.
     // dd reports errors from close.
     let out = Command::new("sh")

@@ -85,6 +85,18 @@ fn bad_manifests_write_nothing() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stdout).contains("extra: unknown field"));
     assert!(!s.exists());
+    // A `.d/program` that is JSON but no JSON Schema.
+    let m = package(&d.path().join("u"), "hello", "1.0.0", 0).manifest;
+    let t = fs::read_to_string(&m).unwrap().replacen(
+        "\"controls\":{",
+        "\"controls\":{\"program\":{\"text\":\"{\\\"type\\\":\\\"integr\\\"}\\n\"},",
+        1,
+    );
+    fs::write(&m, &t).unwrap();
+    let out = run("ctx", &["object", "install", "--source", s.to_str().unwrap(), m.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{t}: {}{}", text(&out.stdout), text(&out.stderr));
+    assert!(text(&out.stdout).contains("not a valid JSON Schema"), "{}", text(&out.stdout));
+    assert!(!s.exists());
 }
 
 #[test]
