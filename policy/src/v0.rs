@@ -35,11 +35,13 @@ pub enum Class {
     Agent,
     /// `network:default connect`
     Network,
+    /// `record:turns|tool-args write`: what is recorded in full (without it, facts only)
+    Record,
 }
 
 impl Class {
     /// Every class, in table order.
-    pub const ALL: [Class; 7] = [
+    pub const ALL: [Class; 8] = [
         Class::Tool,
         Class::Model,
         Class::Shared,
@@ -47,6 +49,7 @@ impl Class {
         Class::Mount,
         Class::Agent,
         Class::Network,
+        Class::Record,
     ];
 
     /// Parses a class keyword.
@@ -64,6 +67,7 @@ impl Class {
             Class::Mount => "mount",
             Class::Agent => "agent",
             Class::Network => "network",
+            Class::Record => "record",
         }
     }
 
@@ -78,6 +82,7 @@ impl Class {
             Class::Mount => &[Read, Write],
             Class::Agent => &[Create, Start, Stop, Read, Write],
             Class::Network => &[Connect],
+            Class::Record => &[Write],
         }
     }
 
@@ -120,6 +125,12 @@ impl Class {
             }
             Class::Mount => path::check_absolute(object)
                 .map_err(|e| format!("invalid mount object: {e} (mount objects are absolute target paths)")),
+            Class::Record => match object {
+                "turns" | "tool-args" => Ok(()),
+                _ => {
+                    Err(format!("record:{object} is invalid: the record objects are `turns` and `tool-args`"))
+                }
+            },
             Class::Network => {
                 if object == "default" {
                     Ok(())
@@ -146,7 +157,7 @@ pub enum Permission {
     Use,
     /// shared, session, mount, agent
     Read,
-    /// shared, session, mount, agent
+    /// shared, session, mount, agent, record
     Write,
     /// session
     Resume,

@@ -73,6 +73,11 @@ fn host(ep: &Endpoint) -> Host {
     ok(ctx(&[&m[..], &["--source", &st]].concat(), &env, ""), "model add");
     ok(ctx(&["model", "alias", "main", "local/m1", "--source", &st], &env, ""), "alias");
     ok(ctx(&["agent", "grant", "sockcx", "model:main", "use", "--source", &st], &env, ""), "grant");
+    // sockrt's turns are recorded in full; sockcx's as facts (the default).
+    ok(
+        ctx(&["agent", "grant", "sockrt", "record:turns", "write", "--source", &st], &env, ""),
+        "grant record",
+    );
     ok(ctx(&["secret", "set", "local"], &env, "sk-socket-key"), "secret");
     fs::write(s.storage.join("agent/sockcx.d/profile"), "codex\n").unwrap();
     fs::write(s.storage.join("agent/sockrt.d/profile"), "/workspace/rt.sh\n").unwrap();
@@ -267,6 +272,14 @@ fn a_client_drives_two_agents_at_once_and_each_turn_is_recorded_once() {
     assert!(refs.iter().all(|v| v["kind"] == "file" && v["turn"] == "cx2"), "{refs:?}");
     let r = records(&h, 1001, "sockrt", &s);
     assert_eq!((count(&r, "rt1", "user"), count(&r, "rt1", "assistant"), r.len()), (1, 1, 2), "{r:?}");
+    // What is recorded of a turn: sockrt's policy records turns in full, sockcx's (no
+    // `record:turns` line) keeps the facts of what was asked, never its text.
+    let asked =
+        |r: &[Value], id: &str| r.iter().find(|v| v["id"] == id && v["role"] == "user").cloned().unwrap();
+    assert_eq!(asked(&r, "rt1")["content"], "wait for it", "{r:?}");
+    let cx1 = asked(&records(&h, 1000, "sockcx", &s), "cx1");
+    assert!(cx1.get("content").is_none() && cx1["recorded"] == "facts", "{cx1}");
+    assert_eq!((cx1["bytes"].as_u64(), cx1["sha256"].as_str().map(str::len)), (Some(10), Some(64)), "{cx1}");
     let latest = h.s.storage.join(format!("home/1000/agent/sockcx/session/{s}/latest.md"));
     assert!(fs::read_to_string(latest).unwrap().contains("CHECKED"));
     // The records are what ctx agent history and output show.

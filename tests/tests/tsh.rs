@@ -417,3 +417,24 @@ fn load_pin_unpin_and_the_max_loaded_tools_trim_hold_across_tsh_processes() {
     let o = w.agent(&["unpin", "fs.read"], None);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
 }
+
+/// Tool arguments are recorded only when the agent's policy says so (`record:tool-args
+/// write`); otherwise a call is recorded by its facts.
+#[test]
+fn tool_arguments_are_recorded_only_when_the_policy_says_so() {
+    let w = World::new();
+    let o = w.agent(&["fs.stat", "f.txt"], None);
+    assert!(o.status.success(), "{}", text(&o));
+    let last = w.events().pop().unwrap();
+    assert!(last.get("args").is_none(), "facts only by default: {last}");
+    let policy = w.s.storage.join("agent/coder.d/policy");
+    let mut p = fs::read_to_string(&policy).unwrap();
+    p.push_str("allow coder_t record:tool-args write\n");
+    fs::write(&policy, p).unwrap();
+    let o = w.agent(&["fs.stat", "f.txt"], None);
+    assert!(o.status.success(), "{}", text(&o));
+    let last = w.events().pop().unwrap();
+    assert_eq!(last["args"], serde_json::json!(["f.txt"]), "{last}");
+    let log = fs::read_to_string(w.s.storage.join("tool/fs.stat.d/log")).unwrap();
+    assert!(log.lines().last().unwrap().contains("\"args\":[\"f.txt\"]"), "{log}");
+}

@@ -9,7 +9,8 @@
 //!
 //! Every call, refused ones included, appends one `tool.call` event to the session's
 //! `events.jsonl` and one line to the tool's `.d/log`; on CortexFS both writes return only once
-//! durable. Arguments and output are not recorded.
+//! durable. Output is never recorded; arguments only when the agent's policy has a line
+//! `allow LABEL record:tool-args write` (facts only otherwise).
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -46,6 +47,8 @@ struct Outcome<'a> {
     reason: Option<String>,
     /// The submission this call ran for (`tsh submit`).
     async_id: Option<&'a str>,
+    /// The arguments, recorded in full only when the agent's policy says so.
+    args: Option<Vec<String>>,
 }
 
 fn read_small(path: &Path) -> Result<String, String> {
@@ -56,13 +59,20 @@ fn read_small(path: &Path) -> Result<String, String> {
     Ok(s)
 }
 
-fn grants(policy_file: &Path, label: &str, tool: &str) -> Result<bool, String> {
+fn policy_of(policy_file: &Path) -> Result<Policy, String> {
     let text = read_small(policy_file)?;
-    let p = Policy::from_text(text.as_bytes()).map_err(|errs| {
+    Policy::from_text(text.as_bytes()).map_err(|errs| {
         let why: Vec<String> = errs.iter().map(ToString::to_string).collect();
         format!("{}: invalid: {}", policy_file.display(), why.join("; "))
-    })?;
-    Ok(p.allows(&Query { subject: label, class: Class::Tool, object: tool, permission: Permission::Execute }))
+    })
+}
+
+fn executes(p: &Policy, label: &str, tool: &str) -> bool {
+    p.allows(&Query { subject: label, class: Class::Tool, object: tool, permission: Permission::Execute })
+}
+
+fn grants(policy_file: &Path, label: &str, tool: &str) -> Result<bool, String> {
+    policy_of(policy_file).map(|p| executes(&p, label, tool))
 }
 
 /// The agent's label, from `agent/<name>.d/label` of its view.
@@ -109,11 +119,21 @@ impl Call<'_> {
         }
     }
 
-    /// Checks both policies; `Ok(hit)` when the tool may run.
-    fn authorize(&self, resolver: &mut Resolver) -> Result<Hit, (Fail, Option<PathBuf>)> {
+    /// Checks both policies; `Ok(hit, args)` when the tool may run, `args` whether the agent's
+    /// policy has its arguments recorded in full (`record:tool-args write`).
+    fn authorize(&self, resolver: &mut Resolver) -> Result<(Hit, bool), (Fail, Option<PathBuf>)> {
         let label = label(self.ctx, self.agent).map_err(|f| (f, None))?;
         let agent_policy = self.ctx.root.join("agent").join(format!("{}.d", self.agent.name)).join("policy");
-        match grants(&agent_policy, &label, self.name) {
+        let parsed = policy_of(&agent_policy);
+        let args = parsed.as_ref().is_ok_and(|p| {
+            p.allows(&Query {
+                subject: &label,
+                class: Class::Record,
+                object: "tool-args",
+                permission: Permission::Write,
+            })
+        });
+        match parsed.map(|p| executes(&p, &label, self.name)) {
             Ok(true) => {}
             Ok(false) => {
                 return Err((
@@ -133,7 +153,7 @@ impl Call<'_> {
         };
         let own = hit.controls().join("policy");
         match grants(&own, &label, self.name) {
-            Ok(true) => Ok(hit),
+            Ok(true) => Ok((hit, args)),
             Ok(false) => Err((
                 Fail::Denied(format!(
                     "refused by the tool's own policy: {} does not allow {label} tool:{} execute",
@@ -317,6 +337,9 @@ fn record(
     if let Some(id) = o.async_id {
         ev["async"] = json!(id);
     }
+    if let Some(args) = &o.args {
+        ev["args"] = json!(args);
+    }
     append_fact(ctx, controls, &ev)
 }
 
@@ -366,6 +389,8 @@ pub(crate) struct Cleared<'a> {
     hit: Hit,
     object: String,
     started: Instant,
+    /// The arguments, when the agent's policy has them recorded in full.
+    args: Option<Vec<String>>,
 }
 
 /// The agent of the terminal context, or why there is none.
@@ -392,23 +417,26 @@ pub(crate) fn clear<'a>(
     let agent = agent_of(ctx, name)?;
     let started = Instant::now();
     let call = Call { ctx, agent, name, args };
-    let hit = match call.authorize(resolver) {
-        Ok(hit) => hit,
+    let (hit, args_in_full) = match call.authorize(resolver) {
+        Ok(h) => h,
         Err((fail, controls)) => {
             let status = if matches!(fail, Fail::Denied(_)) { "denied" } else { "error" };
             let object = format!("tool/{name}");
-            let o = Outcome { status, exit: None, reason: Some(fail.message().to_owned()), async_id };
+            let o =
+                Outcome { status, exit: None, reason: Some(fail.message().to_owned()), async_id, args: None };
             record(ctx, agent, &object, controls.as_deref(), started, &o)?;
             return Err(fail);
         }
     };
     let object = ctx.object_name(&hit.path);
+    let args = args_in_full.then(|| args.iter().map(|a| a.to_string_lossy().into_owned()).collect());
     if hooks && let Err(why) = call.hooks(&hit, "pre.d", None) {
-        let o = Outcome { status: "denied", exit: None, reason: Some(why.clone()), async_id };
+        let o =
+            Outcome { status: "denied", exit: None, reason: Some(why.clone()), async_id, args: args.clone() };
         record(ctx, agent, &object, Some(&hit.controls()), started, &o)?;
         return Err(Fail::Denied(why));
     }
-    Ok(Cleared { call, hit, object, started })
+    Ok(Cleared { call, hit, object, started, args })
 }
 
 impl Cleared<'_> {
@@ -451,8 +479,15 @@ impl Cleared<'_> {
                 exit: Some(*code),
                 reason: post.clone(),
                 async_id,
+                args: self.args.clone(),
             },
-            Err(f) => Outcome { status: "error", exit: None, reason: Some(f.message().to_owned()), async_id },
+            Err(f) => Outcome {
+                status: "error",
+                exit: None,
+                reason: Some(f.message().to_owned()),
+                async_id,
+                args: self.args.clone(),
+            },
         };
         record(self.call.ctx, self.call.agent, &self.object, Some(&self.hit.controls()), self.started, &o)?;
         if let Some(why) = post {

@@ -400,6 +400,21 @@ impl Server {
         s.trim().to_owned()
     }
 
+    /// Whether the agent's policy has it record `what` (`turns`, `tool-args`) in full: a line
+    /// `allow LABEL record:WHAT write`. Without it (or with a policy that does not parse), facts
+    /// only.
+    fn records_in_full(&self, agent: &str, what: &str) -> bool {
+        let label = self.control(agent, "label");
+        Policy::from_text(self.control(agent, "policy").as_bytes()).is_ok_and(|p| {
+            p.allows(&Query {
+                subject: &label,
+                class: Class::Record,
+                object: what,
+                permission: Permission::Write,
+            })
+        })
+    }
+
     /// Whether `uid` may drive `agent`: root, its owner, or an agent of that uid whose policy
     /// allows `agent:<agent> write`.
     fn may_drive(&self, agent: &str, uid: u32) -> Result<(), Refusal> {
@@ -814,8 +829,18 @@ impl Server {
                 "replayed": true});
         }
         if mine("user").is_none() {
-            let user = json!({"ts": session::timestamp(), "role": "user", "id": s.id, "content": s.input,
+            let mut user = json!({"ts": session::timestamp(), "role": "user", "id": s.id, "content": s.input,
                 "files": s.files, "from_uid": caller});
+            if !self.records_in_full(agent, "turns") {
+                // Facts only: what was asked is known by its size and digest, not its text
+                // (the policy line `allow LABEL record:turns write` records it in full).
+                use sha2::Digest;
+                let obj = user.as_object_mut().expect("a JSON object");
+                obj.remove("content");
+                obj.insert("bytes".into(), json!(s.input.len()));
+                obj.insert("sha256".into(), json!(hex::encode(sha2::Sha256::digest(s.input.as_bytes()))));
+                obj.insert("recorded".into(), json!("facts"));
+            }
             if let Err(e) = append(&dir, &user) {
                 return fail("EIO", format!("{}: {e}", dir.join("messages.jsonl").display()));
             }
