@@ -8,7 +8,11 @@
 //! base_url=https://api.example.com/v1
 //! key_env=OPENAI_API_KEY EXAMPLE_KEY   # the operator's variables tried first, in order
 //! secret=example                # the secret store's service cortexfs:<secret> (default: the provider)
-//! auth=key                      # or none: the endpoint takes no key
+//! auth=key                      # or none: the endpoint takes no key; or oauth:
+//! oauth_authorize=https://auth.example.com/authorize   # (auth=oauth) Authorization Code + PKCE
+//! oauth_token=https://auth.example.com/token
+//! oauth_client_id=cortexfs-cli
+//! oauth_scope=models.read models.use                     # optional
 //! ```
 //!
 //! Only `api` and `base_url` are required. Secrets themselves never appear here: a driver
@@ -182,6 +186,27 @@ pub struct Driver {
     pub secret: Option<String>,
     /// Whether the endpoint needs a key at all.
     pub needs_key: bool,
+    /// With `auth=oauth`: the provider's Authorization Code + PKCE metadata; the key is the
+    /// access token `ctx model login` stored (refreshed when it has expired).
+    pub oauth: Option<OAuth>,
+}
+
+/// A provider's Authorization Code + PKCE metadata (RFC 6749, RFC 7636), as a driver declares
+/// it. The endpoints are `https`, or `http` on this machine's loopback only.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OAuth {
+    /// The authorization endpoint, where the person signs in.
+    pub authorize: Url,
+    /// The token endpoint.
+    pub token: Url,
+    /// The client id registered with the provider (a public client: no secret).
+    pub client_id: String,
+    /// The scopes asked for, space-separated; `None`: the provider's default.
+    pub scope: Option<String>,
+}
+
+fn oauth_token_text(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 256 && s.bytes().all(|b| b.is_ascii_graphic() && !matches!(b, b'"' | b'\\'))
 }
 
 /// The largest driver (a control).
@@ -216,6 +241,15 @@ impl Driver {
         if !self.needs_key {
             t.push_str("auth=none\n");
         }
+        if let Some(o) = &self.oauth {
+            t.push_str(&format!(
+                "auth=oauth\noauth_authorize={}\noauth_token={}\noauth_client_id={}\n",
+                o.authorize, o.token, o.client_id
+            ));
+            if let Some(s) = &o.scope {
+                t.push_str(&format!("oauth_scope={s}\n"));
+            }
+        }
         t
     }
 }
@@ -227,6 +261,7 @@ pub fn parse(bytes: &[u8]) -> Result<Driver, String> {
     }
     let text = std::str::from_utf8(bytes).map_err(|_| "not UTF-8".to_owned())?;
     let (mut api, mut base_url, mut key_env, mut secret, mut auth) = (None, None, None, None, None);
+    let (mut o_authorize, mut o_token, mut o_client, mut o_scope) = (None, None, None, None);
     for (i, raw) in text.lines().enumerate() {
         let n = i + 1;
         let line = raw.trim();
@@ -241,7 +276,16 @@ pub fn parse(bytes: &[u8]) -> Result<Driver, String> {
             "key_env" => &mut key_env,
             "secret" => &mut secret,
             "auth" => &mut auth,
-            _ => return Err(format!("line {n}: unknown key {k:?} (api base_url key_env secret auth)")),
+            "oauth_authorize" => &mut o_authorize,
+            "oauth_token" => &mut o_token,
+            "oauth_client_id" => &mut o_client,
+            "oauth_scope" => &mut o_scope,
+            _ => {
+                return Err(format!(
+                    "line {n}: unknown key {k:?} (api base_url key_env secret auth oauth_authorize oauth_token \
+                     oauth_client_id oauth_scope)"
+                ));
+            }
         };
         if slot.is_some() {
             return Err(format!("line {n}: {k} is set twice"));
@@ -274,12 +318,45 @@ pub fn parse(bytes: &[u8]) -> Result<Driver, String> {
             Some(s)
         }
     };
-    let needs_key = match auth.as_ref().map(|(n, v)| (*n, v.as_str())) {
-        None | Some((_, "key")) => true,
-        Some((_, "none")) => false,
-        Some((n, v)) => return Err(format!("line {n}: auth {v:?} is not key or none")),
+    let (needs_key, oauth) = match auth.as_ref().map(|(n, v)| (*n, v.as_str())) {
+        None | Some((_, "key")) => (true, false),
+        Some((_, "none")) => (false, false),
+        Some((_, "oauth")) => (true, true),
+        Some((n, v)) => return Err(format!("line {n}: auth {v:?} is not key, none or oauth")),
     };
-    Ok(Driver { api, base_url, key_env, secret, needs_key })
+    let oauth = if oauth {
+        let url = |slot: Option<(usize, String)>, key: &str| -> Result<Url, String> {
+            let (n, u) = slot.ok_or_else(|| format!("auth=oauth needs {key}"))?;
+            let url = Url::parse(&u).map_err(|e| format!("line {n}: {key}: {e}"))?;
+            if !url.https && !url.is_loopback() {
+                return Err(format!(
+                    "line {n}: {key}: tokens travel over https only (or http on this machine's loopback)"
+                ));
+            }
+            Ok(url)
+        };
+        let (authorize, token) = (url(o_authorize, "oauth_authorize")?, url(o_token, "oauth_token")?);
+        let (n, client_id) = o_client.ok_or("auth=oauth needs oauth_client_id")?;
+        if !oauth_token_text(&client_id) {
+            return Err(format!("line {n}: oauth_client_id {client_id:?} is 1 to 256 printable characters"));
+        }
+        let scope = match o_scope {
+            None => None,
+            Some((n, s)) => {
+                if s.len() > 1024 || s.split(' ').any(|w| !oauth_token_text(w)) {
+                    return Err(format!("line {n}: oauth_scope is space-separated printable words"));
+                }
+                Some(s)
+            }
+        };
+        Some(OAuth { authorize, token, client_id, scope })
+    } else {
+        if let Some((n, _)) = o_authorize.or(o_token).or(o_client).or(o_scope) {
+            return Err(format!("line {n}: oauth_ keys need auth=oauth"));
+        }
+        None
+    };
+    Ok(Driver { api, base_url, key_env, secret, needs_key, oauth })
 }
 
 /// Checks a model's name, `PROVIDER/MODEL`: two names (see [`crate::name`]).
@@ -326,6 +403,18 @@ mod tests {
         );
         assert_eq!(a.base_url.authority(), "api.example.com:443");
         assert_eq!(parse(a.to_text().as_bytes()).unwrap(), a);
+        let o = parse(
+            b"api=openai-chat\nbase_url=https://api.example.com/v1\nauth=oauth\n\
+              oauth_authorize=https://auth.example.com/authorize\noauth_token=https://auth.example.com/token\n\
+              oauth_client_id=cortexfs\noauth_scope=models.read models.use\n",
+        )
+        .unwrap();
+        let meta = o.oauth.as_ref().unwrap();
+        assert_eq!(
+            (o.needs_key, meta.client_id.as_str(), meta.token.path.as_str()),
+            (true, "cortexfs", "/token")
+        );
+        assert_eq!(parse(o.to_text().as_bytes()).unwrap(), o);
     }
 
     #[test]
@@ -342,6 +431,12 @@ mod tests {
             ("api=openai-chat\nbase_url=http://h/../x\n", ". or .."),
             ("api=openai-chat\nbase_url=http://[::1\n", "unclosed"),
             ("nonsense\n", "not KEY=VALUE"),
+            ("api=openai-chat\nbase_url=http://h\nauth=oauth\n", "needs oauth_authorize"),
+            (
+                "api=openai-chat\nbase_url=http://h\nauth=oauth\noauth_authorize=http://auth.example.com/a\n",
+                "https only",
+            ),
+            ("api=openai-chat\nbase_url=http://h\noauth_client_id=x\n", "need auth=oauth"),
         ] {
             let e = parse(text.as_bytes()).unwrap_err();
             assert!(e.contains(says), "{text:?}: {e}");

@@ -17,6 +17,7 @@ pub mod appender;
 pub mod elsewhere;
 pub mod gluster;
 pub mod model_endpoint;
+pub mod oauth_endpoint;
 pub mod object;
 pub mod powerloss;
 pub mod pty;

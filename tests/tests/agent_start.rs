@@ -1760,3 +1760,113 @@ fn a_long_shell_exec_is_submitted_and_collected_with_its_facts() {
     let log = fs::read_to_string(w.s.storage.join("tool/shell.exec.d/log")).unwrap_or_default();
     assert!(log.contains(&format!("\"async\":\"{id}\"")), "the tool's log: {log}");
 }
+
+/// An HTTP/1.1 GET of `url` (`http://127.0.0.1:PORT/...`): the status line and the whole answer.
+fn http_get(url: &str) -> String {
+    let rest = url.strip_prefix("http://").expect("an http URL");
+    let (authority, target) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let mut c = std::net::TcpStream::connect(authority).unwrap();
+    write!(c, "GET {target} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    c.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+/// `ctx model login`: Authorization Code + PKCE against a provider the test starts; the tokens
+/// are kept in root's secret store only, and a run refreshes an expired access token before
+/// the real CLI uses it.
+#[test]
+fn oauth_login_keeps_tokens_in_the_store_and_a_run_refreshes_them() {
+    use std::io::BufRead;
+    // Every access token it gives has expired at once: each run refreshes.
+    let provider = tests::oauth_endpoint::Provider::start(0);
+    let ep = tests::model_endpoint::Endpoint::start("tsh fs.stat /workspace/a.txt", "CHECKED");
+    let w = World::new();
+    let st = w.s.storage.to_str().unwrap().to_owned();
+    let secrets = w.s.dir.path().join("secrets");
+    let ctx = |args: &[&str]| {
+        let o = Command::new(tests::bin("ctx")).args(args).env("CTX_SECRETS", &secrets).output().unwrap();
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+        o
+    };
+    let (base, auth) = (format!("http://127.0.0.1:{}/v1", ep.port), provider.base());
+    ctx(&[
+        "model",
+        "add",
+        "local/m1",
+        "--api",
+        "openai-responses",
+        "--base-url",
+        &base,
+        "--id",
+        "m-1",
+        "--oauth-authorize",
+        &format!("{auth}/authorize"),
+        "--oauth-token",
+        &format!("{auth}/token"),
+        "--oauth-client-id",
+        "cortexfs-test",
+        "--source",
+        &st,
+    ]);
+    ctx(&["model", "alias", "main", "local/m1", "--source", &st]);
+    ctx(&["agent", "grant", "coder", "model:main", "use", "--source", &st]);
+    let codex = ["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "stat a.txt"];
+    // Not signed in: refused before anything runs, saying how to sign in.
+    let out = run_cli(&w, &session("oa0"), "codex", &secrets, &codex);
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out));
+    assert!(text(&out).contains("ctx model login local"), "{}", text(&out));
+    // The sign-in: the test is the person's browser.
+    let mut login = Command::new(tests::bin("ctx"))
+        .args(["model", "login", "local", "--timeout", "60", "--source", &st])
+        .env("CTX_SECRETS", &secrets)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(login.stderr.take().unwrap());
+    let url = loop {
+        let mut l = String::new();
+        assert!(err.read_line(&mut l).unwrap() > 0, "ctx model login printed no address");
+        if l.starts_with("http://") {
+            break l.trim().to_owned();
+        }
+    };
+    assert!(url.contains("code_challenge_method=S256") && url.contains("client_id=cortexfs-test"), "{url}");
+    let approved = http_get(&url);
+    let to = approved
+        .lines()
+        .find_map(|l| l.strip_prefix("Location: "))
+        .unwrap_or_else(|| panic!("no redirect: {approved}"))
+        .trim()
+        .to_owned();
+    assert!(to.starts_with("http://127.0.0.1:") && to.contains("/callback?code="), "{to}");
+    let back = http_get(&to);
+    assert!(back.starts_with("HTTP/1.1 200") && back.contains("signed in"), "{back}");
+    let done = login.wait_with_output().unwrap();
+    assert!(done.status.success(), "{}", text(&done));
+    assert!(String::from_utf8_lossy(&done.stdout).contains("signed in to local"), "{}", text(&done));
+    let grants = provider.grants();
+    assert_eq!(grants.len(), 1, "{grants:?}");
+    assert_eq!((grants[0].form["grant_type"].as_str(), grants[0].status), ("authorization_code", 200));
+    assert_eq!(grants[0].form["code_verifier"].len(), 43, "a PKCE verifier of 32 random bytes");
+    let kept = |account: &str| fs::read_to_string(secrets.join("cortexfs:local").join(account)).unwrap();
+    let (first_access, first_refresh) = (kept("oauth:access"), kept("oauth:refresh"));
+    let mode = fs::metadata(secrets.join("cortexfs:local/oauth:access")).unwrap().permissions();
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777, 0o600);
+    // A run: the access token has expired, so it is refreshed first and the CLI gets the new one.
+    let out = run_cli(&w, &session("oa1"), "codex", &secrets, &codex);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("CHECKED"), "{}", text(&out));
+    let grants = provider.grants();
+    assert_eq!(grants.len(), 2, "{grants:?}");
+    assert_eq!(grants[1].form["grant_type"], "refresh_token");
+    assert_eq!(grants[1].form["refresh_token"], first_refresh, "the kept refresh token");
+    let access = kept("oauth:access");
+    assert_ne!(access, first_access, "a new access token is kept");
+    let seen = ep.seen();
+    assert!(!seen.is_empty() && seen.iter().all(|r| r.key.as_deref() == Some(access.as_str())), "{seen:?}");
+    // The tokens are nowhere in the storage.
+    let found = Command::new("grep").args(["-rl", &access, &st]).output().unwrap();
+    assert!(found.stdout.is_empty(), "{}", String::from_utf8_lossy(&found.stdout));
+}

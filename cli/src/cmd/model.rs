@@ -14,6 +14,8 @@ use crate::exit::{self, Exit};
 use crate::out;
 
 /// Models.
+// Parsed once per process: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Cmd {
     /// Install model/PROVIDER/MODEL with its route (.d/driver) and upstream id (.d/id).
@@ -39,8 +41,21 @@ pub enum Cmd {
         #[arg(long)]
         secret: Option<String>,
         /// The endpoint takes no key.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "oauth_authorize")]
         no_key: bool,
+        /// Sign in with OAuth (Authorization Code + PKCE) at this authorization endpoint
+        /// (`ctx model login PROVIDER`); needs --oauth-token and --oauth-client-id.
+        #[arg(long, value_name = "URL", requires_all = ["oauth_token", "oauth_client_id"])]
+        oauth_authorize: Option<String>,
+        /// The provider's token endpoint.
+        #[arg(long, value_name = "URL", requires = "oauth_authorize")]
+        oauth_token: Option<String>,
+        /// The client id registered with the provider.
+        #[arg(long, value_name = "ID", requires = "oauth_authorize")]
+        oauth_client_id: Option<String>,
+        /// The scopes to ask for, space-separated.
+        #[arg(long, value_name = "SCOPES", requires = "oauth_authorize")]
+        oauth_scope: Option<String>,
         /// A policy of the model's own (lines of policy v0); agents then need its grant too.
         #[arg(long, value_name = "TEXT")]
         policy: Option<String>,
@@ -71,6 +86,21 @@ pub enum Cmd {
         alias: String,
         /// PROVIDER/MODEL.
         target: String,
+    },
+    /// Sign in to PROVIDER with OAuth (Authorization Code + PKCE), as its models' driver declares
+    /// (auth=oauth): prints the URL to open, waits for the browser's redirect on a loopback port,
+    /// and keeps the tokens in root's secret store (oauth:access, oauth:refresh).
+    Login {
+        #[command(flatten)]
+        at: At,
+        /// The provider (the secret store's provider, as the driver's secret= names it).
+        provider: String,
+        /// The loopback port the redirect comes back to (default: any free one).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+        /// Seconds to wait for the sign-in.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
     },
     /// Remove model/PROVIDER/MODEL (refused while an alias points at it).
     Rm {
@@ -117,15 +147,84 @@ fn invalid(message: impl Into<String>) -> anyhow::Error {
 }
 
 /// Runs `ctx model`.
+/// `ctx model login`: the OAuth metadata of PROVIDER's models (one, or several that agree),
+/// then the sign-in.
+fn login(storage: &std::path::Path, provider: &str, port: u16, timeout: u64) -> anyhow::Result<()> {
+    policy::name::validate(provider).map_err(|e| invalid(format!("provider {provider:?}: {e}")))?;
+    let all = models::installed(storage).map_err(exit::launch)?;
+    let of = |m: &&models::Model| {
+        let own = m.name.split_once('/').map_or("", |(p, _)| p);
+        m.driver.secret.as_deref().unwrap_or(own) == provider
+    };
+    let metas: Vec<&policy::model::OAuth> =
+        all.iter().filter(of).filter_map(|m| m.driver.oauth.as_ref()).collect();
+    let Some(meta) = metas.first() else {
+        return Err(Exit::new(
+            exit::FAILURE,
+            format!("no model of {provider} signs in with OAuth (its driver needs auth=oauth: ctx model add --oauth-authorize ...)"),
+        )
+        .into());
+    };
+    if metas.iter().any(|m| m != meta) {
+        return Err(invalid(format!(
+            "the models of {provider} declare different OAuth metadata; make them agree"
+        )));
+    }
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port))
+        .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("cannot listen on 127.0.0.1:{port}: {e}")))?;
+    ctxterm::launch::oauth::login(
+        provider,
+        meta,
+        &listener,
+        |url| {
+            eprintln!("ctx: open this address in a browser to sign in to {provider}:");
+            eprintln!("{url}");
+        },
+        std::time::Duration::from_secs(timeout),
+    )
+    .map_err(exit::launch)?;
+    out::line(format_args!(
+        "signed in to {provider}: tokens kept in the secret store ({})",
+        secrets::service(provider)
+    ))
+}
+
 pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
-        Cmd::Add { at, name, api, base_url, id, key_env, secret, no_key, policy } => {
-            let text = format!(
+        Cmd::Add {
+            at,
+            name,
+            api,
+            base_url,
+            id,
+            key_env,
+            secret,
+            no_key,
+            oauth_authorize,
+            oauth_token,
+            oauth_client_id,
+            oauth_scope,
+            policy,
+        } => {
+            let mut text = format!(
                 "api={api}\nbase_url={base_url}\n{}{}{}",
                 if key_env.is_empty() { String::new() } else { format!("key_env={}\n", key_env.join(" ")) },
                 secret.map(|s| format!("secret={s}\n")).unwrap_or_default(),
                 if no_key { "auth=none\n" } else { "" }
             );
+            if let (Some(a), Some(t), Some(c)) = (oauth_authorize, oauth_token, oauth_client_id) {
+                for (k, v) in [("oauth_authorize", &a), ("oauth_token", &t), ("oauth_client_id", &c)] {
+                    if v.contains('\n') {
+                        return Err(invalid(format!("--{}: one line", k.replace('_', "-"))));
+                    }
+                }
+                text.push_str(&format!(
+                    "auth=oauth\noauth_authorize={a}\noauth_token={t}\noauth_client_id={c}\n"
+                ));
+                if let Some(s) = oauth_scope.filter(|s| !s.contains('\n')) {
+                    text.push_str(&format!("oauth_scope={s}\n"));
+                }
+            }
             let driver: Driver = policy::model::parse(text.as_bytes()).map_err(invalid)?;
             let mut policy_text = policy;
             if let Some(p) = &mut policy_text
@@ -209,6 +308,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             models::set_alias(&at.source, &alias, &target).map_err(exit::launch)?;
             out::line(format_args!("model/{alias} -> {target}"))
         }
+        Cmd::Login { at, provider, port, timeout } => login(&at.source, &provider, port, timeout),
         Cmd::Rm { at, name } => {
             for step in models::remove(&at.source, &name).map_err(exit::launch)? {
                 out::line(step)?;

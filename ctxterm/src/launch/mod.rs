@@ -34,6 +34,7 @@ pub mod contract;
 pub mod doctor;
 pub mod egress;
 pub mod models;
+pub mod oauth;
 pub mod profiles;
 pub mod receipt;
 pub mod rundir;

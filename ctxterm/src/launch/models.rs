@@ -219,6 +219,17 @@ pub fn key(m: &Model) -> Result<Option<Vec<u8>>> {
         Some(s) => s.clone(),
         None => model::check_name(&m.name).map_err(invalid)?.0.to_owned(),
     };
+    if let Some(meta) = &m.driver.oauth {
+        return super::oauth::access_token(&provider, meta)?.map(Some).ok_or_else(|| {
+            Error::Unavailable(format!(
+                "model {}: not signed in: none of {} is set, and the secret store has no {} oauth:access \
+                 (ctx model login {provider})",
+                m.name,
+                vars.join(" "),
+                secrets::service(&provider)
+            ))
+        });
+    }
     if let Some(k) = secrets::get(&provider, "api-key")? {
         return Ok(Some(k));
     }

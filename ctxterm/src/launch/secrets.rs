@@ -3,7 +3,8 @@
 //! Each secret is one file, `<store>/<service>/<account>`, mode 0600 in directories of mode
 //! 0700, all owned by root. The store is `/var/lib/cortexfs/secrets`, or `$CTX_SECRETS`.
 //! Services are `cortexfs:<provider>`; accounts are `api-key`, and the OAuth token slots
-//! `oauth:access` and `oauth:refresh`. A value is at most [`VALUE_MAX`] bytes and is written by
+//! `oauth:access` and `oauth:refresh` (with `oauth:expires`, when the access token expires,
+//! written by `ctx model login`). A value is at most [`VALUE_MAX`] bytes and is written by
 //! a rename, so a reader sees the old value or the new one whole.
 
 use std::fs;
@@ -16,7 +17,7 @@ use super::{Error, Result};
 /// The largest secret value.
 pub const VALUE_MAX: usize = 64 * 1024;
 /// The accounts a service may hold.
-pub const ACCOUNTS: [&str; 3] = ["api-key", "oauth:access", "oauth:refresh"];
+pub const ACCOUNTS: [&str; 4] = ["api-key", "oauth:access", "oauth:refresh", "oauth:expires"];
 
 /// The store's directory.
 pub fn store() -> PathBuf {
