@@ -107,8 +107,9 @@ fn keep(provider: &str, t: &Tokens) -> Result<()> {
     Ok(())
 }
 
-/// The query parameters of a request target `path?query`, decoded.
-fn query(target: &str) -> Vec<(String, String)> {
+/// The query parameters of a request target `path?query`, decoded (`+` is a space; invalid
+/// UTF-8 is replaced): the redirect a browser brings back, any bytes at all.
+pub fn query(target: &str) -> Vec<(String, String)> {
     let q = target.split_once('?').map_or("", |(_, q)| q);
     q.split('&')
         .filter(|p| !p.is_empty())
