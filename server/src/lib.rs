@@ -11,6 +11,7 @@
 
 pub mod area;
 pub mod control;
+pub mod errno;
 pub mod fs;
 pub mod storage;
 pub mod transport;

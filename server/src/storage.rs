@@ -8,6 +8,8 @@
 
 use std::ffi::CStr;
 use std::io;
+
+use crate::errno::Why;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
@@ -88,7 +90,7 @@ impl Storage {
 
     /// The parent directory of `rel` and the final component, ready for `*at` calls.
     pub fn parent_of<'a>(&self, rel: &'a Path) -> io::Result<(OwnedFd, &'a CStrish)> {
-        let (parent, name) = split(rel).ok_or_else(|| io::Error::from_raw_os_error(libc::EBUSY))?;
+        let (parent, name) = split(rel).ok_or_else(|| io::Error::from(Why::Busy))?;
         Ok((self.dir(parent)?, name))
     }
 }
@@ -108,7 +110,7 @@ pub fn component(name: &CStr) -> io::Result<&Path> {
     use std::os::unix::ffi::OsStrExt;
     let b = name.to_bytes();
     if b.is_empty() || b == b"." || b == b".." || b.contains(&b'/') {
-        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        return Err(io::Error::from(Why::Invalid));
     }
     Ok(Path::new(std::ffi::OsStr::from_bytes(b)))
 }

@@ -125,8 +125,8 @@ impl Drop for Inodes {
 impl Inodes {
     /// The path that serves requests for `ino`: ENOENT once unlinked, ESTALE when forgotten.
     pub(super) fn get(&self, ino: u64) -> io::Result<Arc<Path>> {
-        let node = self.nodes.get(&ino).ok_or_else(|| err(libc::ESTALE))?;
-        node.paths.first().cloned().ok_or_else(|| err(libc::ENOENT))
+        let node = self.nodes.get(&ino).ok_or_else(|| err(Why::Stale))?;
+        node.paths.first().cloned().ok_or_else(|| err(Why::NotFound))
     }
 
     /// A path of the known inode of backing file `key`, if any.

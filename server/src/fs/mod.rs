@@ -80,9 +80,7 @@ fn noflush() -> OpenOptions {
     unsafe { OpenOptions::from_bits_unchecked(1 << 5) }
 }
 
-fn err(code: i32) -> io::Error {
-    io::Error::from_raw_os_error(code)
-}
+use crate::errno::{Why, err, passed};
 
 /// Server configuration.
 #[derive(Clone, Debug)]
@@ -432,11 +430,11 @@ fn origin_of(rel: &Path) -> Option<String> {
 
 fn data_xattr(name: &[u8]) -> io::Result<()> {
     if name.starts_with(b"user.cortexfs.") {
-        Err(err(libc::EPERM))
+        Err(err(Why::Object))
     } else if [&b"user."[..], b"security.", b"trusted."].iter().any(|p| name.starts_with(p)) {
         Ok(())
     } else {
-        Err(err(libc::EOPNOTSUPP))
+        Err(err(Why::Unsupported))
     }
 }
 
@@ -449,7 +447,7 @@ fn proc_fd(fd: &Backing) -> PathBuf {
 /// its /proc/self/fd magic link, never following a symlink into another file.
 fn reopen(f: &File, flags: OFlags) -> io::Result<OwnedFd> {
     if f.metadata()?.file_type().is_symlink() {
-        return Err(err(libc::ELOOP));
+        return Err(err(Why::Loop));
     }
     let link = format!("/proc/self/fd/{}", f.as_raw_fd());
     rustix::fs::open(link.as_str(), flags | OFlags::CLOEXEC, Mode::empty()).map_err(ioerr)
@@ -662,7 +660,7 @@ fn append_then(
 /// Maps a ringfs error to the errno the client sees.
 fn ringfs_errno(e: &ringfs::Error) -> io::Error {
     tracing::debug!(error = %e, "storage refused");
-    err(e.errno())
+    passed(e.errno())
 }
 
 impl CtxFs {
@@ -799,14 +797,14 @@ impl CtxFs {
     fn may_write(&self, rel: &Path) -> io::Result<()> {
         let Some(a) = &self.view else { return Ok(()) };
         if !self.permitted(rel) {
-            return Err(err(libc::ENOENT));
+            return Err(err(Why::NotFound));
         }
         // An object's controls are the host's: an agent changes its own self-updatable ones
         // only through `agent.update`, never through its view, whatever its uid and the mode
         // bits. Objects and their directories are installed, never written.
         match classify(rel) {
-            Some(Area::Control(_) | Area::ControlDir) => return Err(err(libc::EACCES)),
-            Some(Area::Object | Area::Socket | Area::ClassDir) => return Err(err(libc::EPERM)),
+            Some(Area::Control(_) | Area::ControlDir) => return Err(err(Why::NotPermitted)),
+            Some(Area::Object | Area::Socket | Area::ClassDir) => return Err(err(Why::Object)),
             _ => {}
         }
         let n: Vec<&str> = rel.iter().filter_map(|c| c.to_str()).collect();
@@ -823,7 +821,7 @@ impl CtxFs {
                         if sp == space && *o == owner && *s == spec.session),
             };
             if !own_session && !matches!(classify(rel), Some(Area::SessionLog | Area::ObjectLog)) {
-                return Err(err(libc::EROFS));
+                return Err(err(Why::ReadOnly));
             }
         }
         match n.as_slice() {
@@ -831,16 +829,16 @@ impl CtxFs {
             ["home", _, "agent", other, "session", s, _, ..]
                 if !a.other_agent(&self.storage, other, Some(s), true) =>
             {
-                Err(err(libc::EACCES))
+                Err(err(Why::NotPermitted))
             }
             ["home", _, "agent", other, rest @ ..]
                 if !matches!(rest, ["session", _, _, ..])
                     && !a.other_agent(&self.storage, other, None, true) =>
             {
-                Err(err(libc::EACCES))
+                Err(err(Why::NotPermitted))
             }
             ["shared", name, _, ..] if a.shared(&self.storage, name) != SharedAccess::Write => {
-                Err(err(libc::EACCES))
+                Err(err(Why::NotPermitted))
             }
             _ => Ok(()),
         }
@@ -856,18 +854,18 @@ impl CtxFs {
             return Ok(None);
         }
         if ino < LAYOUT_FIRST {
-            return Err(err(libc::ENODATA));
+            return Err(err(Why::NoAttribute));
         }
         let rel = self.rel(ino)?;
         if !self.permitted(&rel) {
-            return Err(err(libc::ENOENT));
+            return Err(err(Why::NotFound));
         }
         if name == ORIGIN_XATTR {
-            return origin_of(&rel).map(|o| Some(o.into_bytes())).ok_or_else(|| err(libc::ENODATA));
+            return origin_of(&rel).map(|o| Some(o.into_bytes())).ok_or_else(|| err(Why::NoAttribute));
         }
         let st = self.storage.stat(&rel)?;
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err(err(libc::ENODATA));
+            return Err(err(Why::NoAttribute));
         }
         // The size `stat` shows (a log's is what its appends made it).
         let size = u64::try_from(self.shown_attr(&rel, &st)?.0.st_size).unwrap_or(0);
@@ -893,7 +891,7 @@ impl CtxFs {
                 Some(Area::Data) => "data",
                 Some(Area::SessionLog) => "session-log",
                 Some(Area::ObjectLog) => "object-log",
-                None => return Err(err(libc::ENOENT)),
+                None => return Err(err(Why::NotFound)),
             },
         })
     }
@@ -911,7 +909,7 @@ impl CtxFs {
             return Ok(None);
         }
         if !self.permitted(&rel) {
-            return Err(err(libc::ENOENT));
+            return Err(err(Why::NotFound));
         }
         if let Some((f, _)) = lock(&self.inodes).cached_fd(ino) {
             return Ok(Some((rel, Backing::Kept(f))));
@@ -1019,7 +1017,7 @@ impl CtxFs {
     ) -> io::Result<usize> {
         match self.log_piece(ino, offset, data, log) {
             Piece::Held => Ok(data.len()),
-            Piece::Refused(e) => Err(err(e)),
+            Piece::Refused(e) => Err(passed(e)),
             Piece::Append { start, bytes, ack } => {
                 self.note_use(log, &bytes);
                 let moved = log.len() != start;
@@ -1053,7 +1051,7 @@ impl CtxFs {
     ) {
         match self.log_piece(ino, offset, data, log) {
             Piece::Held => done.reply(Ok(data.len())),
-            Piece::Refused(e) => done.reply(Err(err(e))),
+            Piece::Refused(e) => done.reply(Err(passed(e))),
             Piece::Append { start, bytes, ack } => {
                 self.note_use(log, &bytes);
                 // Appended elsewhere than this kernel thought: its cached pages are wrong.
@@ -1130,7 +1128,7 @@ impl CtxFs {
     }
 
     fn handle(&self, id: u64) -> io::Result<Arc<Mutex<Handle>>> {
-        lock(&self.handles).get(&id).map(|(_, h)| Arc::clone(h)).ok_or_else(|| err(libc::EBADF))
+        lock(&self.handles).get(&id).map(|(_, h)| Arc::clone(h)).ok_or_else(|| err(Why::BadHandle))
     }
 
     /// Whether inode `ino` is a control open for rewriting, with nothing written yet.
@@ -1196,7 +1194,7 @@ impl CtxFs {
         }
         let rel = self.rel(ino)?;
         if classify(&rel) != Some(Area::Data) {
-            return Err(err(libc::EBADF));
+            return Err(err(Why::BadHandle));
         }
         let (fd, access) = match self.storage.open_rel(&rel, OFlags::RDWR, 0) {
             Ok(fd) => (fd, Access::Write),
@@ -1214,7 +1212,7 @@ impl CtxFs {
     fn is_known(&self, ino: u64, st: &rustix::fs::Stat) -> io::Result<()> {
         let known = lock(&self.inodes).nodes.get(&ino).and_then(|n| n.key);
         if known.is_some_and(|k| k != (st.st_dev, st.st_ino)) {
-            return Err(err(libc::ESTALE));
+            return Err(err(Why::Stale));
         }
         Ok(())
     }
@@ -1296,7 +1294,7 @@ impl CtxFs {
             if held > 0 {
                 tracing::warn!(ino, "a line past the limit after its first page was acknowledged");
             }
-            return Piece::Refused(libc::EFBIG);
+            return Piece::Refused(Why::TooLarge.errno());
         }
         if cut == whole.len() {
             return Piece::Append { start, bytes: whole, ack: data.len() };
@@ -1316,7 +1314,7 @@ impl CtxFs {
             if held > 0 {
                 tracing::warn!(ino, "a line past the limit after its first page was acknowledged");
             }
-            return Piece::Refused(libc::EFBIG);
+            return Piece::Refused(Why::TooLarge.errno());
         }
         if !(start + whole.len() as u64).is_multiple_of(PAGE) {
             return Piece::Append { start, bytes: whole, ack: data.len() };
@@ -1324,7 +1322,7 @@ impl CtxFs {
         if held == 0
             && let Err(e) = log.hold_space(LINE_MAX as u64)
         {
-            return Piece::Refused(e.raw_os_error().unwrap_or(libc::ENOSPC));
+            return Piece::Refused(e.raw_os_error().unwrap_or(Why::NoSpace.errno()));
         }
         let held = match whole {
             Cow::Owned(v) => v,
@@ -1401,14 +1399,14 @@ impl CtxFs {
 
     /// Attributes of a storage path as the projection shows them.
     fn backed_attr(&self, rel: &Path) -> io::Result<(stat64, Area)> {
-        classify(rel).ok_or_else(|| err(libc::ENOENT))?;
+        classify(rel).ok_or_else(|| err(Why::NotFound))?;
         let st = self.storage.stat(rel)?;
         self.shown_attr(rel, &st)
     }
 
     /// Attributes of the storage path `rel`, whose `lstat` is `st`, as the projection shows them.
     fn shown_attr(&self, rel: &Path, st: &rustix::fs::Stat) -> io::Result<(stat64, Area)> {
-        let area = classify(rel).ok_or_else(|| err(libc::ENOENT))?;
+        let area = classify(rel).ok_or_else(|| err(Why::NotFound))?;
         let mut attr = attr_of(st, self.storage.dev());
         match area {
             Area::Object | Area::Control(Owner::Runtime) => attr.st_mode &= !0o222,
@@ -1464,12 +1462,12 @@ impl CtxFs {
 
     /// The entry of `rel`; `from`, the inode of its directory when the kernel asked by it.
     fn lookup_backed(&self, rel: &Path, from: Option<u64>) -> io::Result<Entry> {
-        let (parent, name) = crate::storage::split(rel).ok_or_else(|| err(libc::ENOENT))?;
+        let (parent, name) = crate::storage::split(rel).ok_or_else(|| err(Why::NotFound))?;
         if !self.visible_as(parent, name.as_os_str().as_bytes(), rel) {
-            return Err(err(libc::ENOENT));
+            return Err(err(Why::NotFound));
         }
         // Stat before remembering, so a missing file leaves no inode behind.
-        classify(rel).ok_or_else(|| err(libc::ENOENT))?;
+        classify(rel).ok_or_else(|| err(Why::NotFound))?;
         let st = match from {
             Some(dir) => {
                 let (dir, leaf) = self.dir_of(dir, rel)?;
@@ -1512,10 +1510,10 @@ impl CtxFs {
         if let Some((class, obj, control)) = Self::control_owner(rel) {
             controls::validate(class, &obj, &control, bytes).map_err(|why| {
                 tracing::info!(control = %rel.display(), %why, "control write refused");
-                err(libc::EINVAL)
+                err(Why::Invalid)
             })?;
         } else if bytes.len() > controls::CONTROL_MAX {
-            return Err(err(libc::EFBIG));
+            return Err(err(Why::TooLarge));
         }
         let (dir, name) = self.storage.parent_of(rel)?;
         let old = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW).ok();
@@ -1563,18 +1561,18 @@ impl CtxFs {
     }
 
     fn open_backed(&self, ino: u64, rel: &Path, flags: u32) -> io::Result<(Handle, OpenOptions)> {
-        let area = classify(rel).ok_or_else(|| err(libc::ENOENT))?;
+        let area = classify(rel).ok_or_else(|| err(Why::NotFound))?;
         let write = Self::is_write(flags);
         if !self.permitted(rel) {
-            return Err(err(libc::ENOENT));
+            return Err(err(Why::NotFound));
         }
         if write {
             self.may_write(rel)?;
         }
         let read_flags = OFlags::RDONLY;
         match area {
-            Area::Object | Area::Socket if write => Err(err(libc::EPERM)),
-            Area::Control(Owner::Runtime) if write => Err(err(libc::EACCES)),
+            Area::Object | Area::Socket if write => Err(err(Why::Object)),
+            Area::Control(Owner::Runtime) if write => Err(err(Why::NotPermitted)),
             Area::Control(_) if write => {
                 let file = self.storage.open_rel(rel, read_flags, 0).ok().map(File::from);
                 Ok((
@@ -1590,12 +1588,12 @@ impl CtxFs {
             }
             Area::SessionLog | Area::ObjectLog => {
                 if flags as i32 & libc::O_TRUNC != 0 {
-                    return Err(err(libc::EPERM));
+                    return Err(err(Why::Object));
                 }
                 // Nothing to do at close: each write is durable when it returns.
                 Ok((Handle::Log(self.log(rel)?), OpenOptions::DIRECT_IO | noflush()))
             }
-            Area::ClassDir | Area::DataRoot | Area::ControlDir => Err(err(libc::EISDIR)),
+            Area::ClassDir | Area::DataRoot | Area::ControlDir => Err(err(Why::IsDirectory)),
             // A tool's or model's `status`: its counters, from memory.
             Area::Control(_) if let Some(object) = policy::usage::status_of(rel) => {
                 Ok((Handle::Bytes(self.logs.usage.render(&object)), OpenOptions::DIRECT_IO | noflush()))
@@ -1647,19 +1645,19 @@ impl CtxFs {
 
     fn new_child(&self, parent: u64, name: &CStr) -> io::Result<(PathBuf, Area)> {
         if parent == ROOT || parent == BIN {
-            return Err(err(libc::EROFS));
+            return Err(err(Why::ReadOnly));
         }
         let dir = self.rel(parent)?;
         let name = component(name)?;
         let rel = dir.join(name);
-        let area = classify(&rel).ok_or_else(|| err(libc::EPERM))?;
+        let area = classify(&rel).ok_or_else(|| err(Why::Object))?;
         self.may_write(&rel)?;
         match (classify(&dir), area) {
             (_, Area::Data | Area::SessionLog) => Ok((rel, area)),
             (Some(Area::ControlDir), Area::ObjectLog) => Ok((rel, area)),
             (Some(Area::ControlDir), Area::Control(Owner::Host | Owner::SelfUpdatable)) => Ok((rel, area)),
             (Some(Area::DataRoot), _) => Ok((rel, Area::Data)),
-            _ => Err(err(libc::EPERM)),
+            _ => Err(err(Why::Object)),
         }
     }
 
@@ -1668,14 +1666,14 @@ impl CtxFs {
     fn remove(&self, parent: u64, name: &CStr, flags: AtFlags) -> io::Result<()> {
         self.stats.count("unlink");
         if parent == ROOT || parent == BIN {
-            return Err(err(libc::EROFS));
+            return Err(err(Why::ReadOnly));
         }
         let rel = self.rel(parent)?.join(component(name)?);
         self.may_write(&rel)?;
         match classify(&rel) {
             Some(Area::Data) => {}
-            Some(_) => return Err(err(libc::EPERM)),
-            None => return Err(err(libc::ENOENT)),
+            Some(_) => return Err(err(Why::Object)),
+            None => return Err(err(Why::NotFound)),
         }
         let (dir, leaf) = self.dir_of(parent, &rel)?;
         // An open descriptor (a file, a directory someone is in) still reaches it after.
@@ -1729,7 +1727,7 @@ impl CtxFs {
                     out.push(n.as_bytes(), VIRTUAL_INO | (BIN_FIRST + i as u64), libc::DT_REG as u32);
                 }
             }
-            STATUS => return Err(err(libc::ENOTDIR)),
+            STATUS => return Err(err(Why::NotDirectory)),
             _ => {
                 let rel = self.rel(ino)?;
                 let fd = self.storage.dir(&rel)?;
@@ -1833,7 +1831,7 @@ fn give_to_caller(
 /// link, so that a symlink swapped in is never followed. A symlink's mode cannot be changed.
 fn chmod_unfollowed(fd: &OwnedFd, mode: u32) -> io::Result<()> {
     if rustix::fs::fstat(fd).map_err(ioerr)?.st_mode & libc::S_IFMT == libc::S_IFLNK {
-        return Err(err(libc::EOPNOTSUPP));
+        return Err(err(Why::Unsupported));
     }
     let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
     rustix::fs::chmod(link.as_str(), Mode::from_raw_mode(mode)).map_err(ioerr)
@@ -1866,7 +1864,7 @@ fn open_existing(dir: &OwnedFd, leaf: &Path, flags: OFlags, ctx: &Context) -> io
         st.st_mode
     };
     if ctx.uid != 0 && bits & want != want {
-        return Err(err(libc::EACCES));
+        return Err(err(Why::NotPermitted));
     }
     if flags.contains(OFlags::TRUNC) {
         rustix::fs::ftruncate(&fd, 0).map_err(ioerr)?;

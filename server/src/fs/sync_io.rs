@@ -27,7 +27,7 @@ impl FileSystem for CtxFs {
         let n = name.to_bytes();
         if parent == ROOT && self.view.as_ref().is_some_and(|a| !a.alive(&self.storage)) {
             // The agent is gone: its view is empty.
-            return Err(err(libc::ENOENT));
+            return Err(err(Why::NotFound));
         }
         match parent {
             ROOT => match n {
@@ -38,15 +38,19 @@ impl FileSystem for CtxFs {
                 )),
                 b"bin" => Ok(self.entry(BIN, synthetic(BIN, libc::S_IFDIR | 0o555, 0), LONG)),
                 _ => {
-                    let i = LAYOUT.iter().position(|d| d.as_bytes() == n).ok_or_else(|| err(libc::ENOENT))?;
+                    let i =
+                        LAYOUT.iter().position(|d| d.as_bytes() == n).ok_or_else(|| err(Why::NotFound))?;
                     let ino = LAYOUT_FIRST + i as u64;
                     let (attr, _) = self.backed_attr(Path::new(LAYOUT[i]))?;
                     Ok(self.entry(ino, attr, LONG))
                 }
             },
             BIN => {
-                let i =
-                    self.bins.iter().position(|(b, _)| b.as_bytes() == n).ok_or_else(|| err(libc::ENOENT))?;
+                let i = self
+                    .bins
+                    .iter()
+                    .position(|(b, _)| b.as_bytes() == n)
+                    .ok_or_else(|| err(Why::NotFound))?;
                 let ino = BIN_FIRST + i as u64;
                 let st = rustix::fs::stat(&self.bins[i].1).map_err(ioerr)?;
                 let mut attr = attr_of(&st, self.storage.dev());
@@ -56,7 +60,7 @@ impl FileSystem for CtxFs {
                 attr.st_gid = 0;
                 Ok(self.entry(ino, attr, LONG))
             }
-            STATUS => Err(err(libc::ENOTDIR)),
+            STATUS => Err(err(Why::NotDirectory)),
             _ => {
                 let dir = self.rel(parent)?;
                 joined(&dir, component(name)?.as_os_str(), |rel| self.lookup_backed(rel, Some(parent)))
@@ -103,7 +107,7 @@ impl FileSystem for CtxFs {
                     }
                 };
                 if !self.permitted(&rel) {
-                    return Err(err(libc::ENOENT));
+                    return Err(err(Why::NotFound));
                 }
                 if classify(&rel) == Some(Area::Data) {
                     let st = self.data_stat(ino, &rel)?;
@@ -126,7 +130,7 @@ impl FileSystem for CtxFs {
     ) -> io::Result<(stat64, Duration)> {
         self.stats.count("setattr");
         if ino < DYNAMIC_FIRST && !(LAYOUT_FIRST..LAYOUT_FIRST + LAYOUT.len() as u64).contains(&ino) {
-            return Err(err(libc::EROFS));
+            return Err(err(Why::ReadOnly));
         }
         let rel = match self.rel(ino) {
             Ok(rel) => rel,
@@ -144,7 +148,7 @@ impl FileSystem for CtxFs {
                 return Ok((attr_of(&st, self.storage.dev()), Duration::ZERO));
             }
         };
-        let area = classify(&rel).ok_or_else(|| err(libc::ENOENT))?;
+        let area = classify(&rel).ok_or_else(|| err(Why::NotFound))?;
         self.may_write(&rel)?;
         match area {
             Area::Data | Area::DataRoot => {}
@@ -161,7 +165,7 @@ impl FileSystem for CtxFs {
                 return Ok((attr, Duration::ZERO));
             }
             Area::SessionLog | Area::ObjectLog if !valid.contains(SetattrValid::SIZE) => {}
-            _ if valid.intersects(SetattrValid::SIZE) => return Err(err(libc::EPERM)),
+            _ if valid.intersects(SetattrValid::SIZE) => return Err(err(Why::Object)),
             Area::ClassDir
             | Area::Object
             | Area::Socket
@@ -169,7 +173,7 @@ impl FileSystem for CtxFs {
             | Area::Control(_)
             | Area::SessionLog
             | Area::ObjectLog => {
-                return Err(err(libc::EPERM));
+                return Err(err(Why::Object));
             }
         }
         let (dir, name) = self.storage.parent_of(&rel)?;
@@ -204,7 +208,7 @@ impl FileSystem for CtxFs {
     fn symlink(&self, ctx: &Context, linkname: &CStr, parent: u64, name: &CStr) -> io::Result<Entry> {
         let (rel, area) = self.new_child(parent, name)?;
         if area != Area::Data {
-            return Err(err(libc::EPERM));
+            return Err(err(Why::Object));
         }
         let (dir, leaf) = self.dir_of(parent, &rel)?;
         rustix::fs::symlinkat(linkname, &dir, leaf).map_err(ioerr)?;
@@ -224,7 +228,7 @@ impl FileSystem for CtxFs {
         self.stats.count("create");
         let (rel, area) = self.new_child(parent, name)?;
         if area != Area::Data {
-            return Err(err(libc::EPERM));
+            return Err(err(Why::Object));
         }
         let (dir, leaf) = self.dir_of(parent, &rel)?;
         let kind = rustix::fs::FileType::from_raw_mode(mode);
@@ -238,7 +242,7 @@ impl FileSystem for CtxFs {
         self.stats.count("mkdir");
         let (rel, area) = self.new_child(parent, name)?;
         if area != Area::Data {
-            return Err(err(libc::EPERM));
+            return Err(err(Why::Object));
         }
         let (dir, leaf) = self.dir_of(parent, &rel)?;
         let mode = mode & !umask & 0o7777;
@@ -266,7 +270,7 @@ impl FileSystem for CtxFs {
     ) -> io::Result<()> {
         self.stats.count("rename");
         if [olddir, newdir].iter().any(|&d| d == ROOT || d == BIN) {
-            return Err(err(libc::EROFS));
+            return Err(err(Why::ReadOnly));
         }
         let from = self.rel(olddir)?.join(component(oldname)?);
         let to = self.rel(newdir)?.join(component(newname)?);
@@ -274,13 +278,13 @@ impl FileSystem for CtxFs {
         self.may_write(&to)?;
         match (classify(&from), classify(&to)) {
             (Some(Area::Data), Some(Area::Data)) => {}
-            (Some(Area::Control(_)), None) => return Err(err(libc::EPERM)), // unknown control name
-            (Some(_), Some(_)) | (Some(_), None) => return Err(err(libc::EPERM)),
-            (None, _) => return Err(err(libc::ENOENT)),
+            (Some(Area::Control(_)), None) => return Err(err(Why::Object)), // unknown control name
+            (Some(_), Some(_)) | (Some(_), None) => return Err(err(Why::Object)),
+            (None, _) => return Err(err(Why::NotFound)),
         }
         let (fdir, fleaf) = self.dir_of(olddir, &from)?;
         let (tdir, tleaf) = self.dir_of(newdir, &to)?;
-        let rflags = RenameFlags::from_bits(flags).ok_or_else(|| err(libc::EINVAL))?;
+        let rflags = RenameFlags::from_bits(flags).ok_or_else(|| err(Why::Invalid))?;
         if !rflags.contains(RenameFlags::EXCHANGE) {
             self.keep_reachable(&to);
         }
@@ -302,7 +306,7 @@ impl FileSystem for CtxFs {
         self.may_write(&from)?;
         let (to, area) = self.new_child(newparent, newname)?;
         if classify(&from) != Some(Area::Data) || area != Area::Data {
-            return Err(err(libc::EPERM));
+            return Err(err(Why::Object));
         }
         let (fdir, fleaf) = self.storage.parent_of(&from)?;
         // The file the kernel knows as `ino`, not another that took its name.
@@ -321,16 +325,16 @@ impl FileSystem for CtxFs {
     ) -> io::Result<(Option<u64>, OpenOptions, Option<u32>)> {
         self.stats.count("open");
         if self.zero_open {
-            return Err(err(libc::ENOSYS));
+            return Err(err(Why::NotImplemented));
         }
         let write = Self::is_write(flags);
         let (h, opts) = match ino {
-            STATUS if write => return Err(err(libc::EACCES)),
+            STATUS if write => return Err(err(Why::NotPermitted)),
             STATUS => (Handle::Bytes(self.status()), OpenOptions::DIRECT_IO | noflush()),
-            ROOT | BIN => return Err(err(libc::EISDIR)),
+            ROOT | BIN => return Err(err(Why::IsDirectory)),
             i if (BIN_FIRST..BIN_FIRST + self.bins.len() as u64).contains(&i) => {
                 if write {
-                    return Err(err(libc::EACCES));
+                    return Err(err(Why::NotPermitted));
                 }
                 (Handle::File(File::open(&self.bins[(i - BIN_FIRST) as usize].1)?), OpenOptions::KEEP_CACHE)
             }
@@ -434,7 +438,7 @@ impl FileSystem for CtxFs {
                     OpenOptions::DIRECT_IO,
                 )
             }
-            _ => return Err(err(libc::EPERM)),
+            _ => return Err(err(Why::Object)),
         };
         let entry = self.lookup_backed(&rel, None)?;
         if self.zero_open {
@@ -501,20 +505,20 @@ impl FileSystem for CtxFs {
                 // A control is replaced whole: writes start at 0 and follow each other. A
                 // handle that saw a refused write publishes nothing: the old content stays.
                 let refused = if offset != buf.len() as u64 {
-                    Some((libc::EINVAL, format!("write at offset {offset}, not at {}", buf.len())))
+                    Some((Why::Invalid, format!("write at offset {offset}, not at {}", buf.len())))
                 } else if buf.len() + data.len() > controls::CONTROL_MAX {
-                    Some((libc::EFBIG, format!("larger than {} bytes", controls::CONTROL_MAX)))
+                    Some((Why::TooLarge, format!("larger than {} bytes", controls::CONTROL_MAX)))
                 } else {
                     let checked = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
                     buf.extend_from_slice(&data);
                     // Line-structured controls refuse a bad complete line at once, so that even
                     // a shell, which ignores errors from close, sees the write fail.
-                    check_lines(rel, &buf[checked..]).err().map(|why| (libc::EINVAL, why))
+                    check_lines(rel, &buf[checked..]).err().map(|why| (Why::Invalid, why))
                 };
-                if let Some((errno, why)) = refused {
+                if let Some((code, why)) = refused {
                     tracing::warn!(control = %rel.display(), %why, "control write refused; nothing is published");
                     *h = Handle::Bytes(Vec::new());
-                    return Err(err(errno));
+                    return Err(err(code));
                 }
                 if let Handle::Control { dirty, writer, .. } = &mut *h {
                     *dirty = true;
@@ -529,8 +533,8 @@ impl FileSystem for CtxFs {
                 let rel = self.rel(ino).ok().filter(|rel| classify(rel) == Some(Area::SessionLog));
                 self.log_write_now(&l, ino, offset, flags, &data, rel, false)
             }
-            Handle::Bytes(_) => Err(err(libc::EACCES)),
-            Handle::Dir(_) => Err(err(libc::EISDIR)),
+            Handle::Bytes(_) => Err(err(Why::NotPermitted)),
+            Handle::Dir(_) => Err(err(Why::IsDirectory)),
         }
     }
 
@@ -565,14 +569,14 @@ impl FileSystem for CtxFs {
                 self.data_changed(ino);
                 Ok(())
             }
-            _ => Err(err(libc::EOPNOTSUPP)),
+            _ => Err(err(Why::Unsupported)),
         }
     }
 
     fn flush(&self, ctx: &Context, _ino: u64, handle: u64, _lock_owner: u64) -> io::Result<()> {
         self.stats.count("flush");
         if self.zero_open {
-            return Err(err(libc::ENOSYS));
+            return Err(err(Why::NotImplemented));
         }
         let h = self.handle(handle)?;
         let mut h = lock(&h);
@@ -661,16 +665,16 @@ impl FileSystem for CtxFs {
             return if size == 0 {
                 Ok(GetxattrReply::Count(value.len() as u32))
             } else if (size as usize) < value.len() {
-                Err(err(libc::ERANGE))
+                Err(err(Why::BufferTooSmall))
             } else {
                 Ok(GetxattrReply::Value(value))
             };
         }
         if name.to_bytes() != KIND_XATTR {
             // Data keeps its own attributes, as the backing filesystem does.
-            let Some((_, fd)) = self.data_inode(ino)? else { return Err(err(libc::ENODATA)) };
+            let Some((_, fd)) = self.data_inode(ino)? else { return Err(err(Why::NoAttribute)) };
             if data_xattr(name.to_bytes()).is_err() {
-                return Err(err(libc::ENODATA));
+                return Err(err(Why::NoAttribute));
             }
             // Read whole (most values are short; at most the kernel's limit), then answered
             // as asked.
@@ -688,7 +692,7 @@ impl FileSystem for CtxFs {
                 return Ok(GetxattrReply::Count(n as u32));
             }
             if (size as usize) < n {
-                return Err(err(libc::ERANGE));
+                return Err(err(Why::BufferTooSmall));
             }
             return Ok(GetxattrReply::Value(value));
         }
@@ -697,7 +701,7 @@ impl FileSystem for CtxFs {
         if size == 0 {
             Ok(GetxattrReply::Count(value.len() as u32))
         } else if (size as usize) < value.len() {
-            Err(err(libc::ERANGE))
+            Err(err(Why::BufferTooSmall))
         } else {
             Ok(GetxattrReply::Value(value.to_vec()))
         }
@@ -729,7 +733,7 @@ impl FileSystem for CtxFs {
         if size == 0 {
             Ok(ListxattrReply::Count(names.len() as u32))
         } else if (size as usize) < names.len() {
-            Err(err(libc::ERANGE))
+            Err(err(Why::BufferTooSmall))
         } else {
             Ok(ListxattrReply::Names(names))
         }
@@ -745,9 +749,9 @@ impl FileSystem for CtxFs {
         if name.to_bytes() == KIND_XATTR {
             // Copying a file copies its attributes (`cp -a`, `mv` across home/ and shared/):
             // setting the kind it already has changes nothing; any other is refused.
-            return if value == self.kind_of(ino)?.as_bytes() { Ok(()) } else { Err(err(libc::EPERM)) };
+            return if value == self.kind_of(ino)?.as_bytes() { Ok(()) } else { Err(err(Why::Object)) };
         }
-        let Some((rel, fd)) = self.data_inode(ino)? else { return Err(err(libc::EPERM)) };
+        let Some((rel, fd)) = self.data_inode(ino)? else { return Err(err(Why::Object)) };
         data_xattr(name.to_bytes())?;
         self.may_write(&rel)?;
         let flags = rustix::fs::XattrFlags::from_bits_retain(flags);
@@ -756,7 +760,7 @@ impl FileSystem for CtxFs {
 
     fn removexattr(&self, _ctx: &Context, ino: u64, name: &CStr) -> io::Result<()> {
         self.stats.count("xattr");
-        let Some((rel, fd)) = self.data_inode(ino)? else { return Err(err(libc::EPERM)) };
+        let Some((rel, fd)) = self.data_inode(ino)? else { return Err(err(Why::Object)) };
         data_xattr(name.to_bytes())?;
         self.may_write(&rel)?;
         rustix::fs::removexattr(proc_fd(&fd), name).map_err(ioerr)
@@ -823,7 +827,7 @@ impl FileSystem for CtxFs {
         self.stats.count("readdir");
         let h = self.handle(handle)?;
         let mut h = lock(&h);
-        let Handle::Dir(listing) = &mut *h else { return Err(err(libc::ENOTDIR)) };
+        let Handle::Dir(listing) = &mut *h else { return Err(err(Why::NotDirectory)) };
         if !listing.taken {
             self.list_dir(ino, listing)?;
         }
@@ -894,7 +898,7 @@ impl CtxFs {
                 buf[..n].copy_from_slice(&b[from..from + n]);
                 n
             }
-            Handle::Dir(_) => return Err(err(libc::EISDIR)),
+            Handle::Dir(_) => return Err(err(Why::IsDirectory)),
         };
         w.write_all(&buf[..n])?;
         Ok(n)

@@ -25,6 +25,8 @@
 //! payload buffer the kernel copies from, without a copy of its own.
 
 use std::io;
+
+use crate::errno::Why;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender, channel};
@@ -207,7 +209,7 @@ fn steady(conn: &Conn, h: &InHeader, buf: &mut [u8], payload: usize) -> Option<u
             name[..len].copy_from_slice(&buf[HEADER..HEADER + len]);
             // One name, ending in its NUL (as fuse-backend-rs's server requires).
             let Ok(name) = std::ffi::CStr::from_bytes_with_nul(&name[..len]) else {
-                return Some(reply(buf, h.unique, Err(io::Error::from_raw_os_error(libc::EINVAL))));
+                return Some(reply(buf, h.unique, Err(io::Error::from(Why::Invalid))));
             };
             if h.opcode == OP_LOOKUP {
                 conn.fs.lookup(&ctx, h.nodeid, name).map(|e| put(buf, EntryOut::from(e).as_slice()))
@@ -217,7 +219,7 @@ fn steady(conn: &Conn, h: &InHeader, buf: &mut [u8], payload: usize) -> Option<u
                 let x: XattrSize = read(&buf[IN_OUT..])?;
                 match conn.fs.getxattr(&ctx, h.nodeid, name, x.size) {
                     Ok(GetxattrReply::Value(v)) if v.len() <= PAYLOAD => Ok(put(buf, &v)),
-                    Ok(GetxattrReply::Value(_)) => Err(io::Error::from_raw_os_error(libc::E2BIG)),
+                    Ok(GetxattrReply::Value(_)) => Err(io::Error::from(Why::ArgumentTooLong)),
                     Ok(GetxattrReply::Count(n)) => Ok(put(buf, XattrSize { size: n, padding: 0 }.as_bytes())),
                     Err(e) => Err(e),
                 }
@@ -225,7 +227,7 @@ fn steady(conn: &Conn, h: &InHeader, buf: &mut [u8], payload: usize) -> Option<u
         }
         OP_READ | OP_READDIR if read::<ReadIn>(&buf[IN_OUT..])?.size as usize > PAYLOAD => {
             // More than the entry holds (the kernel asks for at most `max_pages`).
-            Err(io::Error::from_raw_os_error(libc::ENOMEM))
+            Err(io::Error::from(Why::NoMemory))
         }
         OP_READ => {
             let r: ReadIn = read(&buf[IN_OUT..])?;
@@ -268,7 +270,7 @@ fn steady(conn: &Conn, h: &InHeader, buf: &mut [u8], payload: usize) -> Option<u
 fn reply(buf: &mut [u8], unique: u64, r: io::Result<usize>) -> u64 {
     let (len, error) = match r {
         Ok(n) => (n, 0),
-        Err(e) => (0, -e.raw_os_error().unwrap_or(libc::EIO)),
+        Err(e) => (0, -e.raw_os_error().unwrap_or(Why::Io.errno())),
     };
     let out = OutHeader { len: (OUT_HEADER + len) as u32, error, unique };
     buf[..OUT_HEADER].copy_from_slice(out.as_bytes());
@@ -320,7 +322,7 @@ impl<'a> WriteRequest<'a> {
 pub(crate) fn write_reply(out: &mut [u8; 24], unique: u64, r: io::Result<usize>) -> usize {
     let (len, error, size) = match r {
         Ok(n) => (24u32, 0i32, u32::try_from(n).unwrap_or(u32::MAX)),
-        Err(e) => (16, -e.raw_os_error().unwrap_or(libc::EIO), 0),
+        Err(e) => (16, -e.raw_os_error().unwrap_or(Why::Io.errno()), 0),
     };
     out[..OUT_HEADER].copy_from_slice(OutHeader { len, error, unique }.as_bytes());
     out[OUT_HEADER..].copy_from_slice(WriteOut { size, padding: 0 }.as_bytes());
@@ -758,7 +760,7 @@ fn serve(
         match ring.submit_and_wait(1) {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+            Err(e) if e.raw_os_error() == Some(Why::Busy.errno()) => {}
             Err(e) => {
                 tracing::error!(error = %e, qid, "io_uring wait failed");
                 return;
@@ -774,7 +776,7 @@ fn serve(
                         && let Some(entry) = a.entries.get_mut(idx)
                     {
                         let result = if r < 0 {
-                            Err(io::Error::from_raw_os_error(i32::try_from(-r).unwrap_or(libc::EIO)))
+                            Err(io::Error::from_raw_os_error(i32::try_from(-r).unwrap_or(Why::Io.errno())))
                         } else {
                             Ok(usize::try_from(r).unwrap_or(usize::MAX))
                         };
@@ -804,7 +806,7 @@ fn serve(
             }
             let (slot, idx) = ((ud >> 16) as usize, (ud & 0xffff) as usize);
             let Some(Some(a)) = slots.get_mut(slot) else { continue };
-            if res == -libc::EAGAIN || res == -libc::EINTR {
+            if res == -Why::TryAgain.errno() || res == -Why::Interrupted.errno() {
                 // Registered too early, or interrupted: register the entry again.
                 let fd = a.conn.file.as_raw_fd();
                 if let Some(entry) = a.entries.get(idx) {
@@ -814,7 +816,7 @@ fn serve(
             }
             if res < 0 {
                 // The connection ended (ENOTCONN), or the kernel refused the entry.
-                if res != -libc::ENOTCONN && res != -libc::ECANCELED {
+                if res != -Why::NotConnected.errno() && res != -Why::Cancelled.errno() {
                     tracing::warn!(error = %io::Error::from_raw_os_error(-res), qid, "a ring entry ended");
                 }
                 a.live -= 1;
@@ -942,7 +944,7 @@ fn handle(conn: &Conn, entry: &mut Entry, ud: u64, mailbox: &Mailbox) -> Option<
             buf.copy_within(at + OUT_HEADER..at + OUT_HEADER + data, HEADER);
         }
     } else {
-        out.copy_from_slice(OutHeader { len: OUT_HEADER as u32, error: -libc::EIO, unique }.as_bytes());
+        out.copy_from_slice(OutHeader { len: OUT_HEADER as u32, error: -Why::Io.errno(), unique }.as_bytes());
     }
     buf[..OUT_HEADER].copy_from_slice(&out);
     set_ent(buf, unique, data);
@@ -952,6 +954,8 @@ fn handle(conn: &Conn, entry: &mut Entry, ud: u64, mailbox: &Mailbox) -> Option<
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+
+    use crate::errno::Why;
 
     use zerocopy::{FromBytes, IntoBytes};
 
@@ -999,11 +1003,11 @@ mod tests {
         let (_dir, conn) = conn();
         for opcode in [OP_READ, OP_READDIR] {
             let (error, len) = serve(&conn, opcode, read_in(PAYLOAD + 1).as_bytes(), &[]);
-            assert_eq!((error, len), (-libc::ENOMEM, 16), "opcode {opcode}");
+            assert_eq!((error, len), (-Why::NoMemory.errno(), 16), "opcode {opcode}");
         }
         // The entry's size is served (here, a listing of the root without a handle).
         let (error, _) = serve(&conn, OP_READDIR, read_in(PAYLOAD).as_bytes(), &[]);
-        assert_ne!(error, -libc::ENOMEM);
+        assert_ne!(error, -Why::NoMemory.errno());
     }
 
     #[test]
@@ -1014,7 +1018,7 @@ mod tests {
         assert_eq!(error, 0);
         assert!(len > 16, "an entry came back");
         for bad in [&b"home"[..], b"ho\0me\0", b"home\0\0"] {
-            assert_eq!(serve(&conn, OP_LOOKUP, &[], bad).0, -libc::EINVAL, "{bad:?}");
+            assert_eq!(serve(&conn, OP_LOOKUP, &[], bad).0, -Why::Invalid.errno(), "{bad:?}");
         }
     }
 }
