@@ -9,6 +9,8 @@
 //! | `memory` | bytes, with an optional binary suffix `K`, `M`, `G`, `T`; or `max` | `4G` |
 //! | `pids` | processes and threads, at least 1; or `max` | `1024` |
 //! | `cpu` | percent of one CPU (`150`: one and a half), at least 1; or `max` | `max` |
+//! | `disk` | bytes the agent's files may hold, written through `/ctx` (its home and sessions, the shared spaces it writes), with a suffix; or `max` | `max` |
+//! | `files` | files and directories the agent may have there, at least 1; or `max` | `max` |
 //!
 //! A missing control, or a missing key, takes the default; `max` is no ceiling.
 
@@ -21,11 +23,15 @@ pub struct Limits {
     pub pids: Option<u64>,
     /// CPU time, in percent of one CPU.
     pub cpu: Option<u64>,
+    /// Bytes of the agent's files (their sizes), counted by the daemon.
+    pub disk: Option<u64>,
+    /// The agent's files and directories, counted by the daemon.
+    pub files: Option<u64>,
 }
 
 impl Default for Limits {
     fn default() -> Limits {
-        Limits { memory: Some(4 << 30), pids: Some(1024), cpu: None }
+        Limits { memory: Some(4 << 30), pids: Some(1024), cpu: None, disk: None, files: None }
     }
 }
 
@@ -70,7 +76,9 @@ pub fn parse(text: &[u8]) -> Result<Limits, String> {
             "memory" => l.memory = if unlimited { None } else { Some(parse_size(v).map_err(at)?) },
             "pids" => l.pids = if unlimited { None } else { Some(count(v).map_err(at)?) },
             "cpu" => l.cpu = if unlimited { None } else { Some(count(v).map_err(at)?) },
-            _ => return Err(at(format!("unknown key {k:?} (memory, pids, cpu)"))),
+            "disk" => l.disk = if unlimited { None } else { Some(parse_size(v).map_err(at)?) },
+            "files" => l.files = if unlimited { None } else { Some(count(v).map_err(at)?) },
+            _ => return Err(at(format!("unknown key {k:?} (memory, pids, cpu, disk, files)"))),
         }
         seen.push(k);
     }
@@ -86,9 +94,11 @@ mod tests {
         assert_eq!(parse(b"").unwrap(), Limits::default());
         assert_eq!(
             parse(b"# ceilings\nmemory=256M\npids = 64\ncpu=150\n").unwrap(),
-            Limits { memory: Some(256 << 20), pids: Some(64), cpu: Some(150) }
+            Limits { memory: Some(256 << 20), pids: Some(64), cpu: Some(150), disk: None, files: None }
         );
         assert_eq!(parse(b"memory=max\n").unwrap().memory, None);
+        let d = parse(b"disk=1M\nfiles=20\n").unwrap();
+        assert_eq!((d.disk, d.files), (Some(1 << 20), Some(20)));
         for bad in
             [&b"memory=lots\n"[..], b"pids=0\n", b"cpu=-1\n", b"swap=1G\n", b"pids=1\npids=2\n", b"memory\n"]
         {

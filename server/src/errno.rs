@@ -70,6 +70,8 @@ pub enum Why {
     Exists,
     /// `ENAMETOOLONG`: a name or path over the kernel's limits.
     NameTooLong,
+    /// `EDQUOT`: over the agent's disk ceiling (`limits`: `disk`, `files`).
+    OverQuota,
 }
 
 impl Why {
@@ -102,6 +104,7 @@ impl Why {
             Why::ArgumentTooLong => libc::E2BIG,
             Why::Exists => libc::EEXIST,
             Why::NameTooLong => libc::ENAMETOOLONG,
+            Why::OverQuota => libc::EDQUOT,
         }
     }
 }

@@ -1870,3 +1870,43 @@ fn oauth_login_keeps_tokens_in_the_store_and_a_run_refreshes_them() {
     let found = Command::new("grep").args(["-rl", &access, &st]).output().unwrap();
     assert!(found.stdout.is_empty(), "{}", String::from_utf8_lossy(&found.stdout));
 }
+
+/// A disk ceiling per agent (`limits`: `disk`, `files`), counted by the daemon: an agent over
+/// it gets EDQUOT in its home, a removal gives room back, and another agent and the host write
+/// on. (Every write here is a few MiB: nothing fills the host's disk if the ceiling failed.)
+#[test]
+fn an_agent_over_its_disk_ceiling_gets_edquot_and_nobody_else_does() {
+    let w = World::new();
+    fs::write(w.s.storage.join("agent/coder.d/limits"), "disk=1M\nfiles=40\n").unwrap();
+    let script = "h=/ctx/home/1000; \
+         dd if=/dev/zero of=$h/big bs=64k count=32 2> /workspace/dd.err; echo $? > /workspace/dd.rc; \
+         stat -c %s $h/big > /workspace/size; \
+         i=0; while [ $i -lt 60 ]; do mkdir $h/d$i 2> /workspace/mk.err || break; i=$((i+1)); done; echo $i > /workspace/made; \
+         rm $h/big; rmdir $h/d0; \
+         dd if=/dev/zero of=$h/again bs=64k count=8 2> /workspace/again.err; echo $? > /workspace/again.rc; \
+         mkdir $h/after 2> /workspace/after.err; echo $? > /workspace/after.rc";
+    let out = w.start(&session("dq"), &["--wait"], &["/bin/sh", "-c", script]);
+    assert!(out.status.success(), "{}", text(&out));
+    let read = |f: &str| fs::read_to_string(w.work.join(f)).unwrap_or_default();
+    assert_ne!(read("dd.rc"), "0\n", "2 MiB past a 1 MiB ceiling: {}", read("dd.err"));
+    assert!(read("dd.err").contains("Disk quota exceeded"), "{}", read("dd.err"));
+    let size: u64 = read("size").trim().parse().unwrap();
+    assert!(size > 0 && size <= 1 << 20, "the file stopped at the ceiling: {size}");
+    let made: u32 = read("made").trim().parse().unwrap();
+    assert!(made > 0 && made < 60, "mkdir stopped at the files ceiling: {made}");
+    assert!(read("mk.err").contains("Disk quota exceeded"), "{}", read("mk.err"));
+    assert_eq!(read("again.rc"), "0\n", "a removal gives room back: {}", read("again.err"));
+    assert_eq!(read("after.rc"), "0\n", "and a file back: {}", read("after.err"));
+    // The host writes on in the agent's home, and another agent (no ceiling) in its own.
+    fs::write(w.s.mnt.join("home/1000/host-file"), vec![0u8; 2 << 20]).unwrap();
+    let out = Command::new(tests::bin("ctx"))
+        .args(["agent", "start", "outsider", "--session", &session("dq2"), "--wait", "--ctx"])
+        .arg(&w.s.mnt)
+        .arg("--control")
+        .arg(&w.s.control)
+        .args(["--", "/bin/sh", "-c", "dd if=/dev/zero of=/ctx/home/2000/big bs=64k count=32 2>&1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(fs::metadata(w.s.storage.join("home/2000/big")).unwrap().len(), 2 << 20);
+}

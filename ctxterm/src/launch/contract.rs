@@ -686,7 +686,7 @@ pub fn may_write(dir: &Path, uid: u32, gid: u32, groups: &[u32]) -> Result<(), S
 /// `--no-ceilings`. Refused (69) when the host cannot apply one.
 fn ceilings(s: &Start) -> Result<policy::limits::Limits> {
     if s.no_ceilings {
-        return Ok(policy::limits::Limits { memory: None, pids: None, cpu: None });
+        return Ok(policy::limits::Limits { memory: None, pids: None, cpu: None, disk: None, files: None });
     }
     let text = read_control(&s.ctx, &s.agent, "limits").unwrap_or_default();
     let mut l = policy::limits::parse(text.as_bytes())

@@ -553,7 +553,8 @@ fn serve_run(
     let children = Children::default();
     receipt::serve(run.clone(), &c.runtime.join("receipt/main.sock"), children.clone())
         .map_err(|e| fail("the receipt socket", e))?;
-    let limits = policy::limits::Limits { memory: c.memory, pids: c.pids, cpu: c.cpu };
+    let limits =
+        policy::limits::Limits { memory: c.memory, pids: c.pids, cpu: c.cpu, disk: None, files: None };
     let groups = groups.insert(
         cgroups::create(&format!("{}.{}", c.agent, c.session), &limits)
             .map_err(|e| Error::Cgroups(e.to_string()))?,

@@ -17,6 +17,7 @@
 //! served by a connection of their own without OPEN, FLUSH or RELEASE ([`CtxFs::data`]).
 
 mod inodes;
+pub mod quota;
 mod sync_io;
 #[cfg(test)]
 mod tests;
@@ -103,6 +104,8 @@ pub struct Config {
     /// daemon's back ([`DEFAULT_CACHE_TIMEOUT`]); changes made through the daemon drop them
     /// at once.
     pub cache_timeout: Duration,
+    /// The agents' disk accounts, shared by every view of a daemon.
+    pub quotas: Arc<quota::Quotas>,
 }
 
 impl Config {
@@ -117,6 +120,7 @@ impl Config {
             logs: SharedLogs::default(),
             changes: Changes::default(),
             cache_timeout: DEFAULT_CACHE_TIMEOUT,
+            quotas: Arc::default(),
         }
     }
 }
@@ -384,6 +388,10 @@ pub struct CtxFs {
     pieces: Mutex<HashMap<u64, (u64, Vec<u8>)>>,
     /// Buffers of pieces appended, for the next pieces held (see [`CtxFs::log_piece`]).
     piece_bufs: Mutex<Vec<Vec<u8>>>,
+    /// The daemon's disk accounts, and the one of the agent this view serves, when its
+    /// limits name a disk ceiling.
+    quotas: Arc<quota::Quotas>,
+    quota: Option<Arc<quota::Account>>,
 }
 
 /// The most bytes of one line of a session or object log written through any connection,
@@ -687,6 +695,7 @@ impl CtxFs {
             inodes.nodes.insert(LAYOUT_FIRST + i as u64, node);
             inodes.by_path.insert(Arc::from(Path::new(d)), LAYOUT_FIRST + i as u64);
         }
+        let quota = config.view.as_ref().and_then(|v| quota::for_view(&config.quotas, &storage, &v.agent));
         Ok(CtxFs {
             storage,
             bins: config.bins,
@@ -697,6 +706,8 @@ impl CtxFs {
             stats: Arc::default(),
             wire: Arc::default(),
             started: Instant::now(),
+            quota,
+            quotas: config.quotas,
             view: config.view.map(|v| Authority::new(v, Arc::clone(config.changes.epoch()))),
             view_count: config.view_count,
             changes: config.changes,
@@ -729,6 +740,7 @@ impl CtxFs {
             logs: Arc::clone(&self.logs),
             changes: self.changes.clone(),
             cache_timeout: self.ttl,
+            quotas: Arc::clone(&self.quotas),
         })?;
         fs.stats = Arc::clone(&self.stats);
         fs.wire = Arc::clone(&self.wire);
@@ -1678,7 +1690,12 @@ impl CtxFs {
         let (dir, leaf) = self.dir_of(parent, &rel)?;
         // An open descriptor (a file, a directory someone is in) still reaches it after.
         self.keep_reachable(&rel);
+        let was =
+            self.quota.as_ref().and_then(|_| rustix::fs::statat(&dir, leaf, AtFlags::SYMLINK_NOFOLLOW).ok());
         rustix::fs::unlinkat(&dir, leaf, flags).map_err(ioerr)?;
+        if let Some(st) = &was {
+            self.credit_removal(st);
+        }
         lock(&self.inodes).detach(&rel);
         Ok(())
     }

@@ -187,7 +187,13 @@ impl FileSystem for CtxFs {
         }
         if valid.contains(SetattrValid::SIZE) {
             let fd = self.storage.open_rel(&rel, OFlags::WRONLY, 0)?;
-            rustix::fs::ftruncate(&fd, attr.st_size as u64).map_err(ioerr)?;
+            let (to, was) = (
+                attr.st_size as u64,
+                u64::try_from(rustix::fs::fstat(&fd).map_err(ioerr)?.st_size).unwrap_or(0),
+            );
+            let charged = self.charge_to(&fd, to)?;
+            rustix::fs::ftruncate(&fd, to).map_err(ioerr).inspect_err(|_| self.credit_bytes(charged))?;
+            self.credit_bytes(was.saturating_sub(to));
             self.data_changed(ino);
         }
         if valid.intersects(SetattrValid::ATIME | SetattrValid::MTIME) {
@@ -211,7 +217,7 @@ impl FileSystem for CtxFs {
             return Err(err(Why::Object));
         }
         let (dir, leaf) = self.dir_of(parent, &rel)?;
-        rustix::fs::symlinkat(linkname, &dir, leaf).map_err(ioerr)?;
+        self.charged(|| rustix::fs::symlinkat(linkname, &dir, leaf).map_err(ioerr))?;
         give_to_caller(ctx, &dir, leaf, None, None)?;
         self.lookup_backed(&rel, None)
     }
@@ -233,7 +239,9 @@ impl FileSystem for CtxFs {
         let (dir, leaf) = self.dir_of(parent, &rel)?;
         let kind = rustix::fs::FileType::from_raw_mode(mode);
         let mode = mode & !umask & 0o7777;
-        rustix::fs::mknodat(&dir, leaf, kind, Mode::from_raw_mode(mode), u64::from(rdev)).map_err(ioerr)?;
+        self.charged(|| {
+            rustix::fs::mknodat(&dir, leaf, kind, Mode::from_raw_mode(mode), u64::from(rdev)).map_err(ioerr)
+        })?;
         give_to_caller(ctx, &dir, leaf, None, Some(mode))?;
         self.lookup_backed(&rel, None)
     }
@@ -246,7 +254,7 @@ impl FileSystem for CtxFs {
         }
         let (dir, leaf) = self.dir_of(parent, &rel)?;
         let mode = mode & !umask & 0o7777;
-        rustix::fs::mkdirat(&dir, leaf, Mode::from_raw_mode(mode)).map_err(ioerr)?;
+        self.charged(|| rustix::fs::mkdirat(&dir, leaf, Mode::from_raw_mode(mode)).map_err(ioerr))?;
         give_to_caller(ctx, &dir, leaf, None, Some(mode))?;
         self.lookup_backed(&rel, None)
     }
@@ -312,7 +320,7 @@ impl FileSystem for CtxFs {
         // The file the kernel knows as `ino`, not another that took its name.
         self.is_known(ino, &rustix::fs::statat(&fdir, fleaf, AtFlags::SYMLINK_NOFOLLOW).map_err(ioerr)?)?;
         let (tdir, tleaf) = self.dir_of(newparent, &to)?;
-        rustix::fs::linkat(&fdir, fleaf, &tdir, tleaf, AtFlags::empty()).map_err(ioerr)?;
+        self.charged(|| rustix::fs::linkat(&fdir, fleaf, &tdir, tleaf, AtFlags::empty()).map_err(ioerr))?;
         self.lookup_backed(&to, None)
     }
 
@@ -366,23 +374,26 @@ impl FileSystem for CtxFs {
                         | OFlags::SYNC
                         | OFlags::DSYNC);
                 let mode = args.mode & !args.umask & 0o7777;
-                let created = rustix::fs::openat(
-                    &dir,
-                    leaf,
-                    keep | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                    Mode::from_raw_mode(mode),
-                );
+                let created = self.charged(|| {
+                    rustix::fs::openat(
+                        &dir,
+                        leaf,
+                        keep | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                        Mode::from_raw_mode(mode),
+                    )
+                    .map_err(io::Error::from)
+                });
                 let fd = match created {
                     Ok(fd) => {
                         give_to_caller(ctx, &dir, leaf, Some(&fd), Some(mode))?;
                         fd
                     }
-                    Err(rustix::io::Errno::EXIST) if !keep.contains(OFlags::EXCL) => {
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists && !keep.contains(OFlags::EXCL) => {
                         // Created by someone else since the kernel's lookup: opened as open(2)
                         // would open it, keeping its owner and mode.
                         open_existing(&dir, leaf, keep, ctx)?
                     }
-                    Err(e) => return Err(e.into()),
+                    Err(e) => return Err(e),
                 };
                 // A new file: its inode's stamp (if any) is cleared below, once the inode is
                 // known, so that the next read-only open drops whatever the kernel had cached.
@@ -390,13 +401,15 @@ impl FileSystem for CtxFs {
             }
             Area::SessionLog => {
                 let mode = args.mode & !args.umask & 0o7777;
-                let fd = rustix::fs::openat(
-                    &dir,
-                    leaf,
-                    OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                    Mode::from_raw_mode(mode),
-                )
-                .map_err(ioerr)?;
+                let fd = self.charged(|| {
+                    rustix::fs::openat(
+                        &dir,
+                        leaf,
+                        OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                        Mode::from_raw_mode(mode),
+                    )
+                    .map_err(ioerr)
+                })?;
                 give_to_caller(ctx, &dir, leaf, Some(&fd), Some(mode))?;
                 drop(fd);
                 (Handle::Log(self.log(&rel)?), OpenOptions::DIRECT_IO | noflush())
@@ -496,7 +509,8 @@ impl FileSystem for CtxFs {
         let mut h = lock(&h);
         match &mut *h {
             Handle::File(f) => {
-                let n = f.write_at(&data, offset)?;
+                let charged = self.charge_to(&*f, offset.saturating_add(data.len() as u64))?;
+                let n = f.write_at(&data, offset).inspect_err(|_| self.credit_bytes(charged))?;
                 drop(h);
                 self.data_changed(ino);
                 Ok(n)
@@ -531,6 +545,9 @@ impl FileSystem for CtxFs {
                 drop(h);
                 // The host's data connection keeps pages of session logs.
                 let rel = self.rel(ino).ok().filter(|rel| classify(rel) == Some(Area::SessionLog));
+                if rel.is_some() {
+                    self.charge_bytes(data.len() as u64)?;
+                }
                 self.log_write_now(&l, ino, offset, flags, &data, rel, false)
             }
             Handle::Bytes(_) => Err(err(Why::NotPermitted)),
@@ -563,8 +580,15 @@ impl FileSystem for CtxFs {
         match &*h {
             // Only data is open writable as a plain file; anything else fails on its read-only fd.
             Handle::File(f) => {
-                rustix::fs::fallocate(f, rustix::fs::FallocateFlags::from_bits_retain(mode), offset, length)
-                    .map_err(ioerr)?;
+                let flags = rustix::fs::FallocateFlags::from_bits_retain(mode);
+                // A size that does not change (KEEP_SIZE, PUNCH_HOLE) charges nothing.
+                let grows = !flags.intersects(
+                    rustix::fs::FallocateFlags::KEEP_SIZE | rustix::fs::FallocateFlags::PUNCH_HOLE,
+                );
+                let charged = if grows { self.charge_to(f, offset.saturating_add(length))? } else { 0 };
+                rustix::fs::fallocate(f, flags, offset, length)
+                    .map_err(ioerr)
+                    .inspect_err(|_| self.credit_bytes(charged))?;
                 drop(h);
                 self.data_changed(ino);
                 Ok(())
