@@ -203,6 +203,17 @@ impl Tree {
         Ok(out)
     }
 
+    /// The last `max` bytes (at most) of the regular file `rel`.
+    pub fn tail(&self, rel: impl AsRef<Path>, max: u64) -> io::Result<Vec<u8>> {
+        use std::io::Seek;
+        let mut f = self.file(rel, OFlags::RDONLY, 0)?;
+        let len = f.metadata()?.len();
+        f.seek(io::SeekFrom::Start(len.saturating_sub(max)))?;
+        let mut out = Vec::new();
+        f.take(max).read_to_end(&mut out)?;
+        Ok(out)
+    }
+
     /// Reads at most `max` bytes of the regular file `rel` as text (invalid UTF-8 replaced).
     pub fn read_string(&self, rel: impl AsRef<Path>, max: u64) -> io::Result<String> {
         Ok(String::from_utf8_lossy(&self.read(rel, max)?).into_owned())

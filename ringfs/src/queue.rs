@@ -17,12 +17,15 @@
 //!   after both are durable.
 //! - finish: the result is written and synced inside the claim directory and renamed to
 //!   `J.result` there without replacing; it lands first, as `done/J.result` (or
-//!   `failed/J.result`), by a rename made through the name `claimed/J` (never replacing;
-//!   a fenced claim has no result under that name), synced; then the request is moved beside it
+//!   `failed/J.result`), by a hard link made through the name `claimed/J` (a rename where the
+//!   filesystem has no links; never replacing; a fenced claim has no result under that name),
+//!   synced; then the request is moved beside it
 //!   (`done/J`), the commit: it is done through the claim directory's descriptor, and only one
-//!   rename of that entry can win. A result without its request beside it was never committed:
-//!   the worker that landed it removes it when its commit is refused, recovery when it puts the
-//!   request elsewhere, and a claim that holds the job when one is in its way.
+//!   rename of that entry can win; the claim's own name of the result goes after it. A result
+//!   without its request beside it was never committed:
+//!   the worker that landed it removes its own when its commit is refused, and recovery one
+//!   that is a fenced claim's own landing, or once no claim of the job is left; a finish that
+//!   finds one in its way fails and leaves it to recovery.
 //! - recover: a claim whose lease has expired is fenced first (its claim directory is renamed
 //!   away), then its request goes back to `pending/` (policy `requeue`) or to `failed/` with a
 //!   result saying so (policy `fail`). A stalled worker that wakes afterwards finds its request
@@ -95,6 +98,8 @@ pub struct Queue {
     /// The filesystem refused `RENAME_NOREPLACE` (GlusterFS answers EINVAL): moves check that
     /// the destination is free and rename, and publish links (see [`Queue::move_new`]).
     plain: AtomicBool,
+    /// The filesystem refused a hard link (EPERM, EOPNOTSUPP): a result lands by a rename.
+    no_links: AtomicBool,
     /// Runs right after a requeue, to put another claim's commit there in a test.
     #[cfg(test)]
     after_requeue: std::sync::Mutex<Option<fn(&Queue)>>,
@@ -206,6 +211,7 @@ impl Queue {
             lease,
             syncs: AtomicU64::new(0),
             plain: AtomicBool::new(false),
+            no_links: AtomicBool::new(false),
             #[cfg(test)]
             after_requeue: std::sync::Mutex::new(None),
             #[cfg(test)]
@@ -621,8 +627,12 @@ impl Queue {
         // A result an earlier finish of this claim left (it stopped before its landing) is
         // this worker's own: this one takes its place.
         let _ = rustix::fs::unlinkat(&c.claim, result_name.as_str(), AtFlags::empty());
+        let mut held = Vec::new();
         let mut mine = match self.result_in_claim(&c, result) {
-            Ok(ino) => ino,
+            Ok((ino, f)) => {
+                held.push(f);
+                ino
+            }
             // Recovery removed the (fenced) claim directory while the worker stalled, or (on a
             // filesystem that reaches a directory by its path: FUSE, NFS) moved it away.
             Err(Error::Io { source, .. }) if gone(&source) => return Ok(Finish::Fenced),
@@ -630,7 +640,7 @@ impl Queue {
             Err(e) => return Err(e),
         };
         let dest = if failed { FAILED } else { DONE };
-        match self.land(&c, dest, result, &mut mine)? {
+        match self.land(&c, dest, result, &mut mine, &mut held)? {
             Landed::Mine => {}
             Landed::Fenced => return Ok(Finish::Fenced),
             Landed::Committed => {
@@ -653,11 +663,8 @@ impl Queue {
             Ok(()) => {}
             Err(Errno::NOENT | Errno::STALE) => {
                 // Recovery moved the request away since the result landed: that result was
-                // never committed, and it goes (only this claim's own file).
-                if self.is_mine(&self.dirs[dest], &result_name, mine) {
-                    let _ = rustix::fs::unlinkat(&self.dirs[dest], result_name.as_str(), AtFlags::empty());
-                    self.sync_dir(dest)?;
-                }
+                // never committed. Recovery removes it (it matches the claim's own link of it);
+                // a worker that removed it by name could remove a later claim's by then.
                 return Ok(Finish::Fenced);
             }
             Err(Errno::EXIST) => {
@@ -671,7 +678,16 @@ impl Queue {
         // Committed. A recovery that put the job back just before this claim took it, or a
         // claim fenced since that took this result for an unpaired one, may have removed it:
         // it lands again.
-        if !self.is_mine(&self.dirs[dest], &result_name, mine) {
+        let relinked = !self.is_mine(&self.dirs[dest], &result_name, mine)
+            && rustix::fs::linkat(
+                &c.claim,
+                result_name.as_str(),
+                &self.dirs[dest],
+                result_name.as_str(),
+                AtFlags::empty(),
+            )
+            .is_ok();
+        if !relinked && !self.is_mine(&self.dirs[dest], &result_name, mine) {
             let tmp = format!(".{result_name}.tmp");
             let _ = rustix::fs::unlinkat(&c.claim, tmp.as_str(), AtFlags::empty());
             self.write_new(&c.claim, &tmp, result, &shown.join(&tmp))?;
@@ -687,6 +703,8 @@ impl Queue {
             })?;
         }
         self.sync_dir(dest)?;
+        // The claim's own name of the result (a link) goes once the one beside is durable.
+        let _ = rustix::fs::unlinkat(&c.claim, result_name.as_str(), AtFlags::empty());
         match self.fsync(&c.claim, &shown) {
             // Fenced since the commit: recovery syncs the claim it moved, and releases it.
             Err(Error::Io { source, .. }) if gone(&source) => return Ok(Finish::Committed),
@@ -698,7 +716,7 @@ impl Queue {
 
     /// Writes `result` (synced) as `J.result` in the claim directory, without replacing; its
     /// inode.
-    fn result_in_claim(&self, c: &Claim, result: &[u8]) -> Result<u64> {
+    fn result_in_claim(&self, c: &Claim, result: &[u8]) -> Result<(u64, File)> {
         let shown = self.path(CLAIMED, &c.job);
         let name = format!("{}.result", c.job);
         let tmp = format!(".{name}.tmp");
@@ -706,20 +724,30 @@ impl Queue {
         let f = self.write_new(&c.claim, &tmp, result, &shown.join(&tmp))?;
         let ino = rustix::fs::fstat(&f).map_err(errno("stat", shown.join(&tmp)))?.st_ino;
         match self.move_new(&c.claim, tmp.as_str(), &c.claim, name.as_str()) {
-            Ok(()) => Ok(ino),
+            // Kept open by the finish: its inode number is not another file's while it compares.
+            Ok(()) => Ok((ino, f)),
             Err(e) => Err(Error::io("rename", shown.join(&name), e.into())),
         }
     }
 
     /// Lands the result of claim `c` (inode `mine`, named `J.result` in the claim) as
-    /// `J.result` in `dest`, never replacing, by a rename through the claim's name
-    /// `claimed/J`: a claim fenced since (its directory renamed away by recovery) has no result
-    /// under that name. A result found there already is the job's committed one (its request is
-    /// beside it), or one that was never committed (a worker fenced or killed between its
-    /// landing and its commit): while this claim holds the job, that one is removed and the
-    /// landing tried again. A name that leads to another claim's result (the job's next claim
-    /// took the name since this claim looked) is given it back.
-    fn land(&self, c: &Claim, dest: usize, result: &[u8], mine: &mut u64) -> Result<Landed> {
+    /// `J.result` in `dest`, never replacing, through the claim's name `claimed/J`: a claim
+    /// fenced since (its directory renamed away by recovery) has no result under that name.
+    /// By a hard link, so that the claim keeps its own name of the result until its commit is
+    /// done: a result removed from beside the request meanwhile lands again from it, and a
+    /// worker that dies after its commit leaves it for recovery to put beside the request.
+    /// Where the filesystem has no hard links, by a rename. A result found there already is
+    /// the job's committed one (its request is beside it), or one that was never committed (a
+    /// worker fenced or killed between its landing and its commit): while this claim holds the
+    /// job, the finish fails (a conflict) and leaves it to recovery.
+    fn land(
+        &self,
+        c: &Claim,
+        dest: usize,
+        result: &[u8],
+        mine: &mut u64,
+        held: &mut Vec<File>,
+    ) -> Result<Landed> {
         let job = c.job.as_str();
         let name = format!("{job}.result");
         let through = format!("{job}/{name}");
@@ -729,34 +757,56 @@ impl Queue {
                 return Ok(Landed::Fenced);
             }
             if !self.is_mine(&c.claim, &name, *mine) {
-                // Taken by a fenced claim's landing through this claim's name (and given back
-                // as another file, or not yet): written again.
-                *mine = self.result_in_claim(c, result)?;
+                // Taken by a fenced claim's landing through this claim's name: written again.
+                let (ino, f) = self.result_in_claim(c, result)?;
+                *mine = ino;
+                held.push(f);
             }
-            match self.move_new(&self.dirs[CLAIMED], through.as_str(), &self.dirs[dest], name.as_str()) {
-                Ok(()) if self.is_mine(&self.dirs[dest], &name, *mine) => return Ok(Landed::Mine),
+            let (claimed, to) = (&self.dirs[CLAIMED], &self.dirs[dest]);
+            let mut landed = Err(Errno::PERM);
+            if !self.no_links.load(Ordering::Relaxed) {
+                landed = rustix::fs::linkat(claimed, through.as_str(), to, name.as_str(), AtFlags::empty());
+                if matches!(landed, Err(Errno::PERM | Errno::OPNOTSUPP)) {
+                    self.no_links.store(true, Ordering::Relaxed);
+                }
+            }
+            if self.no_links.load(Ordering::Relaxed) {
+                landed = self.move_new(claimed, through.as_str(), to, name.as_str());
+            }
+            match landed {
+                Ok(()) if self.is_mine(to, &name, *mine) => return Ok(Landed::Mine),
                 Ok(()) => {
-                    // Another claim's result: this claim is fenced; it goes back where it was.
-                    let _ =
-                        self.move_new(&self.dirs[dest], name.as_str(), &self.dirs[CLAIMED], through.as_str());
+                    // Another claim's result, through the name this claim had: this claim is
+                    // fenced. A link of it is that claim's landing already; a rename goes back.
+                    if self.no_links.load(Ordering::Relaxed) {
+                        let _ = self.move_new(to, name.as_str(), claimed, through.as_str());
+                    }
                     return Ok(Landed::Fenced);
                 }
                 Err(Errno::NOENT | Errno::STALE) => continue,
                 Err(Errno::EXIST) => {
-                    if rustix::fs::statat(&self.dirs[dest], job, AtFlags::SYMLINK_NOFOLLOW).is_ok() {
+                    if self.is_mine(to, &name, *mine) {
+                        return Ok(Landed::Mine);
+                    }
+                    if rustix::fs::statat(to, job, AtFlags::SYMLINK_NOFOLLOW).is_ok() {
                         return Ok(Landed::Committed);
                     }
-                    if self.holds(c) {
-                        let _ = rustix::fs::unlinkat(&self.dirs[dest], name.as_str(), AtFlags::empty());
-                    }
+                    // A result never committed, another worker's: never removed by a worker
+                    // (a name a network filesystem's client still resolves could make any
+                    // worker believe it holds the job). Recovery removes it once no claim of
+                    // the job is left (`Queue::drop_uncommitted`); the job stays claimed here
+                    // until its lease runs out.
+                    let _ = rustix::fs::unlinkat(&c.claim, name.as_str(), AtFlags::empty());
+                    return Err(Error::Conflict(format!(
+                        "{}: a result without its request is in the way (a worker's that lost the job); \
+                         recovery removes it",
+                        self.path(dest, &name).display()
+                    )));
                 }
-                Err(e) => return Err(Error::io("rename", self.path(dest, &name), e.into())),
+                Err(e) => return Err(Error::io("land", self.path(dest, &name), e.into())),
             }
         }
-        Err(Error::Conflict(format!(
-            "{}: a result that is not this claim's came back three times; the job stays claimed",
-            self.path(dest, &name).display()
-        )))
+        Ok(Landed::Fenced)
     }
 
     /// Whether `name` in `dir` is the file `ino`.
@@ -952,6 +1002,7 @@ impl Queue {
         if let Some(d) = self.committed_to(job)
             && self.result_beside(&claim, job, d, r)? == Beside::Two
         {
+            r.conflicts.push(format!("{job}: two results; the one in claimed/ is kept"));
             return Ok(());
         }
         // Remove leftovers: the temp result and the empty directory.
@@ -977,6 +1028,11 @@ impl Queue {
         let fd = open_dir_at(&self.dirs[CLAIMED], fenced, &fpath)?;
         // The lease goes before the request leaves, so a new claim of the job can lease it.
         self.drop_lease(job)?;
+        // A recovery that stopped while it failed the job left the request under its own name.
+        let aside = format!(".{job}.recovering");
+        if rustix::fs::statat(&fd, aside.as_str(), AtFlags::SYMLINK_NOFOLLOW).is_ok() {
+            let _ = self.move_new(&fd, aside.as_str(), &fd, job);
+        }
         let has_request = rustix::fs::statat(&fd, job, AtFlags::SYMLINK_NOFOLLOW).is_ok();
         if has_request {
             let terminal = [DONE, FAILED]
@@ -1044,37 +1100,43 @@ impl Queue {
                     self.sync_dir(PENDING)?;
                 }
                 Policy::Fail => {
-                    let result = format!("{job}.result");
-                    let note = br#"{"status":"error","error":"recovered after its lease expired"}"#;
-                    let _ = rustix::fs::unlinkat(&fd, result.as_str(), AtFlags::empty());
-                    self.write_new(&fd, &result, note, &fpath.join(&result))?;
-                    // The result first, then the request beside it; a result there that was
-                    // never committed (its request is not beside it, and this fenced claim
-                    // holds the request) goes first.
-                    if rustix::fs::statat(&self.dirs[FAILED], job, AtFlags::SYMLINK_NOFOLLOW).is_err() {
-                        let _ = rustix::fs::unlinkat(&self.dirs[FAILED], result.as_str(), AtFlags::empty());
+                    // First the request out of the worker's reach (a name only recovery uses):
+                    // the stalled worker's commit then finds nothing, or has won already.
+                    match self.move_new(&fd, job, &fd, aside.as_str()) {
+                        Ok(()) => {}
+                        Err(Errno::NOENT) => {} // the stalled worker committed first
+                        Err(e) => return Err(Error::io("fence", fpath.join(job), e.into())),
                     }
-                    self.move_new(&fd, result.as_str(), &self.dirs[FAILED], result.as_str())
-                        .map_err(errno("rename", self.path(FAILED, &result)))?;
-                    self.sync_dir(FAILED)?;
-                    match self.move_new(&fd, job, &self.dirs[FAILED], job) {
-                        Ok(()) => {
-                            r.failed.push(job.to_owned());
-                            moved_out = true;
+                    if rustix::fs::statat(&fd, aside.as_str(), AtFlags::SYMLINK_NOFOLLOW).is_ok() {
+                        // Its uncommitted landing goes, then the note lands, then the request.
+                        self.drop_uncommitted(&fd, job, r)?;
+                        let result = format!("{job}.result");
+                        let note = br#"{"status":"error","error":"recovered after its lease expired"}"#;
+                        let _ = rustix::fs::unlinkat(&fd, result.as_str(), AtFlags::empty());
+                        self.write_new(&fd, &result, note, &fpath.join(&result))?;
+                        match self.move_new(&fd, result.as_str(), &self.dirs[FAILED], result.as_str()) {
+                            Ok(()) => {}
+                            Err(Errno::EXIST) => {
+                                let _ = self.move_new(&fd, aside.as_str(), &fd, job);
+                                r.deferred.push(format!(
+                                    "{job}: failed/ holds a result for it already; claimed/{fenced} kept"
+                                ));
+                                return Ok(());
+                            }
+                            Err(e) => return Err(Error::io("rename", self.path(FAILED, &result), e.into())),
                         }
-                        Err(Errno::NOENT) => {
-                            // The stalled worker committed first: the note goes.
-                            let _ =
-                                rustix::fs::unlinkat(&self.dirs[FAILED], result.as_str(), AtFlags::empty());
-                        }
-                        Err(e) => return Err(Error::io("fail", self.path(FAILED, job), e.into())),
+                        self.sync_dir(FAILED)?;
+                        self.move_new(&fd, aside.as_str(), &self.dirs[FAILED], job)
+                            .map_err(errno("fail", self.path(FAILED, job)))?;
+                        r.failed.push(job.to_owned());
+                        moved_out = true;
+                        self.sync_dir(FAILED)?;
                     }
-                    self.sync_dir(FAILED)?;
                 }
             }
             self.fsync(&fd, &fpath)?;
             if moved_out {
-                self.drop_uncommitted(job, r)?;
+                self.drop_uncommitted(&fd, job, r)?;
                 self.clear_fenced(fenced, &fd, job, r)?;
                 return Ok(());
             }
@@ -1085,7 +1147,17 @@ impl Queue {
         if let Some(d) = self.committed_to(job)
             && self.result_beside(&fd, job, d, r)? == Beside::Two
         {
-            return Ok(());
+            if has_request {
+                // A second run of a job committed already (from a copy): kept for a person.
+                r.conflicts.push(format!("{job}: two results; the one in claimed/ is kept"));
+                return Ok(());
+            }
+            // The commit's own result is beside its request (a result lands before its
+            // request moves); this one is a worker's that lost its claim before its landing.
+            let result = format!("{job}.result");
+            rustix::fs::unlinkat(&fd, result.as_str(), AtFlags::empty())
+                .map_err(errno("remove", fpath.join(&result)))?;
+            r.reconciled.push(format!("{job}: dropped a result its fenced claim held, never committed"));
         }
         self.clear_fenced(fenced, &fd, job, r)
     }
@@ -1097,7 +1169,10 @@ impl Queue {
         if let Ok(entries) = fs::read_dir(&fpath) {
             for e in entries.flatten() {
                 let n = e.file_name().to_string_lossy().into_owned();
-                if n.starts_with('.') && n.ends_with(".tmp") || n == format!("{job}.result") {
+                if n.starts_with('.') && n.ends_with(".tmp")
+                    || n == format!("{job}.result")
+                    || n.starts_with(".uncommitted.")
+                {
                     let _ = rustix::fs::unlinkat(fd, n.as_str(), AtFlags::empty());
                 }
             }
@@ -1110,18 +1185,41 @@ impl Queue {
     }
 
     /// Removes a result of `job` that landed and was never committed (its request is not
-    /// beside it): recovery has just put the request elsewhere, so it is the result of a run
-    /// that will be made again. A worker whose result this was lands it again after its commit.
-    fn drop_uncommitted(&self, job: &str, r: &mut Recovered) -> Result<()> {
+    /// beside it), when it is the fenced claim's own (recovery has just put the request
+    /// elsewhere: the run will be made again) or no claim of the job is left.
+    fn drop_uncommitted(&self, fenced: &OwnedFd, job: &str, r: &mut Recovered) -> Result<()> {
         let result = format!("{job}.result");
+        // Whose it is: this fenced claim's own landing (a link of the result it still holds),
+        // or, once no claim of the job is left, nobody's that could still commit.
+        let unclaimed = rustix::fs::statat(&self.dirs[CLAIMED], job, AtFlags::SYMLINK_NOFOLLOW).is_err();
         for d in [DONE, FAILED] {
-            if rustix::fs::statat(&self.dirs[d], job, AtFlags::SYMLINK_NOFOLLOW).is_err()
-                && rustix::fs::unlinkat(&self.dirs[d], result.as_str(), AtFlags::empty()).is_ok()
-            {
-                self.sync_dir(d)?;
-                r.reconciled
-                    .push(format!("{job}: removed a result that was never committed from {}/", DIRS[d]));
+            let ours = unclaimed || self.same_file(fenced, &self.dirs[d], &result);
+            if !ours || rustix::fs::statat(&self.dirs[d], job, AtFlags::SYMLINK_NOFOLLOW).is_ok() {
+                continue;
             }
+            // Taken into the fenced claim first, then looked at again: a claim that committed
+            // meanwhile gets it back; never removed by name after a look.
+            let aside = format!(".uncommitted.{result}.{}", DIRS[d]);
+            let _ = rustix::fs::unlinkat(fenced, aside.as_str(), AtFlags::empty());
+            if self.move_new(&self.dirs[d], result.as_str(), fenced, aside.as_str()).is_err() {
+                continue;
+            }
+            if rustix::fs::statat(&self.dirs[d], job, AtFlags::SYMLINK_NOFOLLOW).is_ok() {
+                match self.move_new(fenced, aside.as_str(), &self.dirs[d], result.as_str()) {
+                    // The committer lands its own again when this was not it (it keeps a name of
+                    // it until its commit is done); either way the job has its result.
+                    Ok(()) => {}
+                    Err(Errno::EXIST) => {
+                        let _ = rustix::fs::unlinkat(fenced, aside.as_str(), AtFlags::empty());
+                    }
+                    Err(e) => return Err(Error::io("rename", self.path(d, &result), e.into())),
+                }
+                self.sync_dir(d)?;
+                continue;
+            }
+            let _ = rustix::fs::unlinkat(fenced, aside.as_str(), AtFlags::empty());
+            self.sync_dir(d)?;
+            r.reconciled.push(format!("{job}: removed a result that was never committed from {}/", DIRS[d]));
         }
         Ok(())
     }
@@ -1137,7 +1235,14 @@ impl Queue {
     /// beside its request in `dest`, never replacing one already there.
     fn result_beside(&self, claim: &OwnedFd, job: &str, dest: usize, r: &mut Recovered) -> Result<Beside> {
         let result = format!("{job}.result");
-        match self.move_new(claim, result.as_str(), &self.dirs[dest], result.as_str()) {
+        let mut moved = self.move_new(claim, result.as_str(), &self.dirs[dest], result.as_str());
+        if moved == Err(Errno::EXIST) && !lists(&self.dirs[dest], &result) {
+            // A name the client resolves that the volume does not have (without NOREPLACE a
+            // move looks first): cleared (the volume answers ENOENT), then the move again.
+            let _ = rustix::fs::unlinkat(&self.dirs[dest], result.as_str(), AtFlags::empty());
+            moved = self.move_new(claim, result.as_str(), &self.dirs[dest], result.as_str());
+        }
+        match moved {
             Ok(()) => {
                 self.sync_dir(dest)?;
                 self.fsync(claim, &self.path(CLAIMED, job))?;
@@ -1157,10 +1262,8 @@ impl Queue {
                 let _ = rustix::fs::unlinkat(claim, result.as_str(), AtFlags::empty());
                 Ok(Beside::Absent)
             }
-            Err(Errno::EXIST) => {
-                r.conflicts.push(format!("{job}: two results; the one in claimed/ is kept"));
-                Ok(Beside::Two)
-            }
+            // Two results: the caller says what becomes of the claim's.
+            Err(Errno::EXIST) => Ok(Beside::Two),
             Err(e) => Err(Error::io("rename", self.path(dest, &result), e.into())),
         }
     }
@@ -1516,16 +1619,45 @@ mod tests {
     }
 
     /// A result without its request in the way of the claim that holds the job (left by a
-    /// worker fenced or killed before its commit) is no commit: it is replaced by this one's.
+    /// worker fenced or killed before its commit) is no commit, and no worker removes it (a
+    /// name a network filesystem's client still resolves could make any worker think it holds
+    /// the job): the finish fails, and recovery, once no claim of the job is left, removes it.
     #[test]
-    fn an_unpaired_result_is_no_commit_and_the_holder_lands_its_own() {
-        let (_d, q) = q(DEFAULT_LEASE);
+    fn an_unpaired_result_is_no_commit_and_only_recovery_removes_it() {
+        let (_d, q) = q(Duration::ZERO);
         let root = q.root().to_path_buf();
         q.publish("j.req.json", b"{}").unwrap();
         fs::write(root.join("done/j.req.json.result"), b"{\"stale\":1}").unwrap();
         let c = q.claim("w1", false).unwrap().unwrap();
+        assert!(matches!(q.finish(c, b"{\"live\":1}", false), Err(Error::Conflict(_))));
+        assert_eq!(fs::read(root.join("done/j.req.json.result")).unwrap(), b"{\"stale\":1}", "left alone");
+        let r = q.recover(Policy::Requeue).unwrap();
+        assert_eq!(r.requeued, ["j.req.json"], "{r:?}");
+        assert!(!root.join("done/j.req.json.result").exists(), "removed once no claim is left: {r:?}");
+        let c = q.claim("w2", false).unwrap().unwrap();
         assert_eq!(q.finish(c, b"{\"live\":1}", false).unwrap(), Finish::Committed);
         assert_eq!(fs::read(root.join("done/j.req.json.result")).unwrap(), b"{\"live\":1}");
+    }
+
+    /// A worker killed after its commit, before the claim's own name of its result went: the
+    /// result is beside the request, and recovery removes the claim without a conflict; if the
+    /// one beside had gone, recovery puts the claim's beside the request.
+    #[test]
+    fn a_worker_killed_after_its_commit_leaves_its_result_where_recovery_finds_it() {
+        let (_d, q) = q(Duration::ZERO);
+        let root = q.root().to_path_buf();
+        q.publish("j.req.json", b"{}").unwrap();
+        let c = q.claim("w1", false).unwrap().unwrap();
+        // As a commit leaves it before its last step: both names of the result, the request moved.
+        fs::write(root.join("claimed/j.req.json/j.req.json.result"), b"{\"r\":1}").unwrap();
+        fs::hard_link(root.join("claimed/j.req.json/j.req.json.result"), root.join("done/j.req.json.result"))
+            .unwrap();
+        fs::rename(root.join("claimed/j.req.json/j.req.json"), root.join("done/j.req.json")).unwrap();
+        drop(c);
+        let r = q.recover(Policy::Requeue).unwrap();
+        assert!(r.conflicts.is_empty() && r.requeued.is_empty(), "{r:?}");
+        assert_eq!(fs::read(root.join("done/j.req.json.result")).unwrap(), b"{\"r\":1}");
+        assert_eq!(fs::read_dir(root.join("claimed")).unwrap().count(), 0);
     }
 
     /// A worker fenced after its result landed (recovery requeued the job meanwhile and the job's

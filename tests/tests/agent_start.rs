@@ -1444,25 +1444,45 @@ fn a_stopped_run_says_who_stopped_it_and_a_running_agent_is_not_removed() {
         Command::new(tests::bin("ctx")).args(args).arg("--control").arg(&w.s.control).output().unwrap()
     };
     let (a, b) = (session("end4"), session("end5"));
-    for s in [&a, &b] {
-        let out = w.start(s, &[], &["/bin/sleep", "600"]);
-        assert!(out.status.success(), "{}", text(&out));
+    // One makes a tool call, then waits; the other only waits.
+    let out = w.start(&a, &[], &["/bin/sh", "-c", "/ctx/bin/tsh fs.stat a.txt > /dev/null; exec sleep 600"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = w.start(&b, &[], &["/bin/sleep", "600"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let row = |ps: &str| ps.lines().find(|l| l.starts_with(&format!("coder\t{a}\t"))).map(str::to_owned);
+    let t = Instant::now();
+    let mut ps = String::new();
+    while t.elapsed() < Duration::from_secs(30) {
+        ps = String::from_utf8_lossy(&ctx(&["agent", "ps"]).stdout).into_owned();
+        if row(&ps).is_some_and(|l| l.split('\t').nth(11) == Some("1")) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
-    let ps = String::from_utf8_lossy(&ctx(&["agent", "ps"]).stdout).into_owned();
     assert!(
-        ps.starts_with("AGENT\tSESSION\tPID\tSTATE\tSINCE\tUPTIME\tPROFILE\tMODEL\tCPU\tMEM\tPIDS\n"),
+        ps.starts_with(
+            "AGENT\tSESSION\tPID\tSTATE\tSINCE\tUPTIME\tPROFILE\tMODEL\tCPU\tMEM\tPIDS\tTOOLS\tLAST\n"
+        ),
         "{ps}"
     );
-    // Each running run with its uptime and what its groups say it uses (the ceilings a run
-    // gets by default: memory and processes; CPU time only under a CPU ceiling).
-    let line = ps.lines().find(|l| l.starts_with(&format!("coder\t{a}\t"))).unwrap();
+    // Each running run with its uptime, what its groups say it uses (the ceilings a run gets by
+    // default: memory and processes; CPU time only under a CPU ceiling), its tool calls and its
+    // session's last event.
+    let line = row(&ps).unwrap();
     let f: Vec<&str> = line.split('\t').collect();
-    assert_eq!(f.len(), 11, "{line}");
+    assert_eq!(f.len(), 13, "{line}");
     assert!(f[5].ends_with('s') && f[4] != "-", "{line}");
     assert!(f[9].ends_with("MiB") && f[10].parse::<u32>().is_ok_and(|n| n >= 1), "{line}");
+    assert_eq!(f[11], "1", "one tool call: {line}");
+    assert!(f[12].starts_with("tool.call,") && f[12].ends_with('s'), "{line}");
     let js: serde_json::Value = serde_json::from_slice(&ctx(&["agent", "ps", "--json"]).stdout).unwrap();
     let run = js.as_array().unwrap().iter().find(|r| r["session"] == a.as_str()).unwrap();
     assert!(run["memory_bytes"].as_u64().is_some_and(|b| b > 0) && run["uptime_s"].is_u64(), "{run}");
+    assert_eq!(
+        (run["tool_calls"].as_u64(), run["last_event"].as_str()),
+        (Some(1), Some("tool.call")),
+        "{run}"
+    );
     assert!(!ps.contains(&s2) && ps.contains(&format!("coder\t{a}\t")), "{ps}");
     let all = String::from_utf8_lossy(&ctx(&["agent", "ps", "--all"]).stdout).into_owned();
     assert!(all.lines().any(|l| l.starts_with(&format!("coder\t{s2}\t-\texited 0\t"))), "{all}");

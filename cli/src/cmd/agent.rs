@@ -643,19 +643,22 @@ fn ps(control: &Path, json: bool, all: bool) -> anyhow::Result<()> {
                 serde_json::json!({"agent": r.agent, "session": r.session, "pid": r.pid,
                     "state": if r.pid.is_some() { "running" } else { "exited" }, "exit": r.exit, "since": since(r),
                     "uptime_s": r.pid.and(r.since).map(uptime), "profile": r.profile, "model": r.model,
-                    "cpu_ms": u.cpu_ns.map(|n| n / 1_000_000), "memory_bytes": u.memory, "pids": u.pids})
+                    "cpu_ms": u.cpu_ns.map(|n| n / 1_000_000), "memory_bytes": u.memory, "pids": u.pids,
+                    "tool_calls": r.tool_calls, "last_event": r.last_event.as_ref().map(|(k, _)| k),
+                    "last_event_age_s": r.last_event.as_ref().map(|(_, at)| uptime(*at))})
             })
             .collect();
         return out::line(serde_json::Value::Array(v));
     }
-    let mut list =
-        out::Listing::new("AGENT\tSESSION\tPID\tSTATE\tSINCE\tUPTIME\tPROFILE\tMODEL\tCPU\tMEM\tPIDS");
+    let mut list = out::Listing::new(
+        "AGENT\tSESSION\tPID\tSTATE\tSINCE\tUPTIME\tPROFILE\tMODEL\tCPU\tMEM\tPIDS\tTOOLS\tLAST",
+    );
     let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
     for r in &runs {
         let pid = r.pid.map_or_else(|| "-".to_owned(), |p| p.to_string());
         let u = usage(r);
         list.row(format_args!(
-            "{}\t{}\t{pid}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            "{}\t{}\t{pid}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
             r.agent,
             r.session,
             state(r),
@@ -666,6 +669,8 @@ fn ps(control: &Path, json: bool, all: bool) -> anyhow::Result<()> {
             or_dash(u.cpu_ns.map(|n| format!("{:.2}s", n as f64 / 1e9))),
             or_dash(u.memory.map(|b| format!("{:.1}MiB", b as f64 / f64::from(1u32 << 20)))),
             or_dash(u.pids.map(|n| n.to_string())),
+            or_dash(r.tool_calls.map(|n| n.to_string())),
+            or_dash(r.last_event.as_ref().map(|(k, at)| format!("{k},{}s", uptime(*at)))),
         ))?;
     }
     Ok(())

@@ -127,7 +127,7 @@ fn child_answer(session: &Tree) -> Vec<u8> {
         return b;
     }
     // Its end: the last lines, whole ones only after the first cut.
-    let messages = tail(session, "messages.jsonl", 4 * RESULT_MAX).unwrap_or_default();
+    let messages = session.tail("messages.jsonl", 4 * RESULT_MAX).unwrap_or_default();
     let last = messages.split(|b| *b == b'\n').rev().find_map(|l| {
         let v: serde_json::Value = serde_json::from_slice(l).ok()?;
         (v["role"] == "assistant").then(|| v["content"].as_str().map(str::to_owned)).flatten()
@@ -142,17 +142,6 @@ fn child_answer(session: &Tree) -> Vec<u8> {
     out.extend(session.read(policy::runtime::TERMINAL_LOG, RESULT_MAX).unwrap_or_default());
     let keep = usize::try_from(RESULT_MAX / 16).unwrap_or(usize::MAX);
     out.split_off(out.len().saturating_sub(keep))
-}
-
-/// The last `max` bytes (at most) of the regular file `rel` of `dir`.
-fn tail(dir: &Tree, rel: &str, max: u64) -> std::io::Result<Vec<u8>> {
-    use std::io::Seek;
-    let mut f = dir.open_regular(rel, rustix::fs::OFlags::RDONLY)?;
-    let len = f.metadata()?.len();
-    f.seek(std::io::SeekFrom::Start(len.saturating_sub(max)))?;
-    let mut out = Vec::new();
-    f.take(max).read_to_end(&mut out)?;
-    Ok(out)
 }
 
 /// The reply to a failed call, with the exit code it carries.

@@ -89,18 +89,12 @@ pub struct Ended {
 /// Records the end of the run of `c` (supervisor `pid`, status `code`) in the daemon's record
 /// of ended runs, with the end of its log.
 pub fn record_end(c: &Contract, pid: i32, code: i32) -> Result<()> {
-    use std::io::{Read, Seek};
     let dir = runtime::daemon_dir(&c.control);
     let path = dir.join(ENDED);
-    let mut log = String::new();
-    // root's: the run directory
-    if let Ok(mut f) = std::fs::File::open(c.runtime.join("log")) {
-        let len = f.metadata().map_or(0, |m| m.len());
-        let _ = f.seek(std::io::SeekFrom::Start(len.saturating_sub(LOG_KEPT)));
-        let mut b = Vec::new();
-        let _ = f.take(LOG_KEPT).read_to_end(&mut b);
-        log = String::from_utf8_lossy(&b).into_owned();
-    }
+    let log = Tree::open(&c.runtime)
+        .and_then(|t| t.tail("log", LOG_KEPT))
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
     let ended = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let e = Ended {
         agent: c.agent.clone(),
@@ -298,6 +292,46 @@ pub struct RunInfo {
     pub model: Option<String>,
     /// What its groups say it uses, while it runs.
     pub usage: Option<super::cgroups::Usage>,
+    /// The tool calls it made, while it runs: its session's `tool.call` events since it started
+    /// (counted in the last [`ACTIVITY_TAIL`] bytes of `events.jsonl`).
+    pub tool_calls: Option<u64>,
+    /// Its session's last event, while it runs: its type and time (seconds since the epoch).
+    pub last_event: Option<(String, i64)>,
+}
+
+/// How much of a session's `events.jsonl` `ctx agent ps` reads (its end).
+pub const ACTIVITY_TAIL: u64 = 1 << 20;
+
+/// A running run's tool calls since `since` and its last event, from the end of its session's
+/// `events.jsonl`, read through the host's `/ctx` beneath the session directory.
+fn activity(c: &Contract, since: Option<i64>) -> (Option<u64>, Option<(String, i64)>) {
+    let Ok(events) = Tree::open(&c.session_dir(&c.ctx)).and_then(|t| t.tail("events.jsonl", ACTIVITY_TAIL))
+    else {
+        return (None, None);
+    };
+    let cut = events.len() as u64 == ACTIVITY_TAIL;
+    let mut lines = events.split(|&b| b == b'\n').filter(|l| !l.is_empty());
+    if cut {
+        // The first line of a tail that starts mid-file is a piece of one.
+        lines.next();
+    }
+    let (mut calls, mut last) = (0u64, None);
+    for l in lines {
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(l) else { continue };
+        let at = v["ts"]
+            .as_str()
+            .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .and_then(|d| i64::try_from(d.as_secs()).ok());
+        let kind = v["type"].as_str().unwrap_or("?").to_owned();
+        if kind == "tool.call" && at.zip(since).is_some_and(|(a, s)| a >= s) {
+            calls += 1;
+        }
+        if let Some(at) = at {
+            last = Some((kind, at));
+        }
+    }
+    (Some(calls), last)
 }
 
 impl RunInfo {
@@ -311,6 +345,8 @@ impl RunInfo {
             profile: None,
             model: None,
             usage: None,
+            tool_calls: None,
+            last_event: None,
         }
     }
 }
@@ -339,10 +375,13 @@ pub fn runs(control: &Path) -> Vec<RunInfo> {
             last.remove(&(a.to_string_lossy().into_owned(), s.to_string_lossy().into_owned()));
             let since = agent.stat(&s).ok().map(|st| st.st_mtime);
             let (agent_name, session) = (a.to_string_lossy().into_owned(), s.to_string_lossy().into_owned());
-            // What runs: its contract (root's), its groups.
+            // What runs: its contract (root's), its groups, its session's events.
             let contract = pid.and_then(|_| read_contract(&dir.join("contract.json")).ok());
             let usage = pid.map(|_| super::cgroups::usage(&format!("{agent_name}.{session}")));
+            let (tool_calls, last_event) = contract.as_ref().map_or((None, None), |c| activity(c, since));
             out.push(RunInfo {
+                tool_calls,
+                last_event,
                 profile: contract.as_ref().and_then(|c| c.profile.as_ref().map(|p| p.0.clone())),
                 model: contract.and_then(|c| c.model),
                 agent: agent_name,
