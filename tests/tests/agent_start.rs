@@ -48,6 +48,19 @@ impl World {
         World { s, work }
     }
 
+    /// Grants coder the tool `name`, in both policies.
+    fn grant_tool(&self, name: &str) {
+        let policy = self.s.storage.join("agent/coder.d/policy");
+        let mut p = fs::read_to_string(&policy).unwrap();
+        p.push_str(&format!("allow coder_t tool:{name} execute\n"));
+        fs::write(&policy, p).unwrap();
+        fs::write(
+            self.s.storage.join(format!("tool/{name}.d/policy")),
+            format!("allow coder_t tool:{name} execute\n"),
+        )
+        .unwrap();
+    }
+
     /// `ctx agent start coder --session SESSION` on this world, with `extra`, up to `--`.
     fn command(&self, session: &str, extra: &[&str]) -> Command {
         let mut c = Command::new(tests::bin("ctx"));
@@ -322,12 +335,7 @@ fn a_network_grant_the_host_cannot_serve_starts_without_a_network_and_says_so() 
 #[test]
 fn the_tsh_path_sees_a_read_only_ctx_and_a_command_of_its_own_a_writable_one() {
     let w = World::new();
-    let policy = w.s.storage.join("agent/coder.d/policy");
-    let mut p = fs::read_to_string(&policy).unwrap();
-    p.push_str("allow coder_t tool:shell.exec execute\n");
-    fs::write(&policy, p).unwrap();
-    fs::write(w.s.storage.join("tool/shell.exec.d/policy"), "allow coder_t tool:shell.exec execute\n")
-        .unwrap();
+    w.grant_tool("shell.exec");
     // The command-less tsh path: what tsh runs cannot change /ctx, but the run's records land.
     let s = session("ro");
     let own = format!("/ctx/home/1000/agent/coder/session/{s}");
@@ -1715,12 +1723,7 @@ fn every_run_of_an_agent_writes_its_start_end_and_refusals_to_the_agents_log() {
 #[test]
 fn a_long_shell_exec_is_submitted_and_collected_with_its_facts() {
     let w = World::new();
-    let policy = w.s.storage.join("agent/coder.d/policy");
-    let mut p = fs::read_to_string(&policy).unwrap();
-    p.push_str("allow coder_t tool:shell.exec execute\n");
-    fs::write(&policy, p).unwrap();
-    fs::write(w.s.storage.join("tool/shell.exec.d/policy"), "allow coder_t tool:shell.exec execute\n")
-        .unwrap();
+    w.grant_tool("shell.exec");
     let s = session("async");
     // The tool waits for a file only the script makes after its first collect: no timing.
     let script = "cd /workspace; \
