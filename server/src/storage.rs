@@ -24,6 +24,9 @@ pub struct Storage {
     dev: u64,
 }
 
+/// The longest path resolved in one `openat2` (below the kernel's `PATH_MAX` of 4,096 bytes).
+pub const STEP: usize = 3_072;
+
 /// The root layout every storage has.
 pub const LAYOUT: [&str; 5] = ["tool", "agent", "model", "home", "shared"];
 
@@ -60,16 +63,42 @@ impl Storage {
     }
 
     /// Opens `rel` beneath the root without following any symlink.
+    ///
+    /// A path longer than one resolution takes (the kernel's `PATH_MAX`) is walked in steps of
+    /// at most [`STEP`] bytes, each resolved beneath the directory the last one opened: a tree
+    /// as deep as the backing filesystem allows is reachable, and every step keeps the same
+    /// guarantees (beneath, no symlinks).
     pub fn open_rel(&self, rel: &Path, flags: OFlags, mode: u32) -> io::Result<OwnedFd> {
+        use std::os::unix::ffi::OsStrExt;
         let how = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
-        let rel: &Path = if rel.as_os_str().is_empty() { Path::new(".") } else { rel };
-        Ok(rustix::fs::openat2(
-            &self.root,
-            rel,
-            flags | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-            Mode::from_raw_mode(mode),
-            how,
-        )?)
+        let open = |dir: &OwnedFd, rel: &Path, flags: OFlags, mode: u32| {
+            let rel: &Path = if rel.as_os_str().is_empty() { Path::new(".") } else { rel };
+            rustix::fs::openat2(
+                dir,
+                rel,
+                flags | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                Mode::from_raw_mode(mode),
+                how,
+            )
+        };
+        let mut rest = rel.as_os_str().as_bytes();
+        if rest.len() <= STEP {
+            return Ok(open(&self.root, rel, flags, mode)?);
+        }
+        let mut dir: Option<OwnedFd> = None;
+        while rest.len() > STEP {
+            // The last `/` within the step; a name is at most 255 bytes, so there is one.
+            let cut = rest[..=STEP]
+                .iter()
+                .rposition(|&b| b == b'/')
+                .ok_or_else(|| io::Error::from(Why::NameTooLong))?;
+            let head = Path::new(std::ffi::OsStr::from_bytes(&rest[..cut]));
+            let next = open(dir.as_ref().unwrap_or(&self.root), head, OFlags::PATH | OFlags::DIRECTORY, 0)?;
+            dir = Some(next);
+            rest = &rest[cut + 1..];
+        }
+        let last = Path::new(std::ffi::OsStr::from_bytes(rest));
+        Ok(open(dir.as_ref().unwrap_or(&self.root), last, flags, mode)?)
     }
 
     /// Opens the directory `rel` (for `*at` calls on its entries).
@@ -113,4 +142,32 @@ pub fn component(name: &CStr) -> io::Result<&Path> {
         return Err(io::Error::from(Why::Invalid));
     }
     Ok(Path::new(std::ffi::OsStr::from_bytes(b)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tree deeper than `PATH_MAX` is reached in steps, and each step still refuses a symlink.
+    #[test]
+    fn a_path_longer_than_path_max_is_opened_in_steps_beneath_the_root() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Storage::open(d.path()).unwrap();
+        let name = "d".repeat(250);
+        let mut rel = PathBuf::from("home");
+        let mut dir = s.dir(&rel).unwrap();
+        for _ in 0..30 {
+            rustix::fs::mkdirat(&dir, name.as_str(), Mode::from_raw_mode(0o755)).unwrap();
+            dir = rustix::fs::openat(&dir, name.as_str(), OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty())
+                .unwrap();
+            rel.push(&name);
+        }
+        assert!(rel.as_os_str().len() > 2 * STEP);
+        rustix::fs::symlinkat("/etc", &dir, "l").unwrap();
+        let f = s.open_rel(&rel.join("f"), OFlags::CREATE | OFlags::WRONLY, 0o600).unwrap();
+        assert!(rustix::fs::fstat(&f).unwrap().st_mode & 0o777 == 0o600);
+        assert!(s.stat(&rel.join("f")).is_ok());
+        assert!(s.open_rel(&rel.join("l/passwd"), OFlags::RDONLY, 0).is_err());
+        assert!(s.open_rel(&rel.join("l"), OFlags::RDONLY, 0).is_err());
+    }
 }
