@@ -36,6 +36,7 @@ pub mod pack;
 pub mod package;
 pub mod path;
 pub mod problem;
+pub mod profile;
 pub mod receipt;
 pub mod runtime;
 pub mod status;

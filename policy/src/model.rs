@@ -4,7 +4,7 @@
 //! no other keys:
 //!
 //! ```text
-//! api=openai-responses          # or openai-chat, anthropic-messages
+//! api=openai-responses          # or openai-chat, anthropic-messages, google-gemini
 //! base_url=https://api.example.com/v1
 //! key_env=OPENAI_API_KEY EXAMPLE_KEY   # the operator's variables tried first, in order
 //! secret=example                # the secret store's service cortexfs:<secret> (default: the provider)
@@ -29,11 +29,17 @@ pub enum Api {
     OpenaiChat,
     /// Anthropic Messages (`POST {base_url}/v1/messages`).
     AnthropicMessages,
+    /// Google's Gemini API (`POST {base_url}/v1beta/models/{id}:streamGenerateContent`).
+    GoogleGemini,
 }
 
 impl Api {
     /// Every API, by its driver spelling.
-    pub const ALL: [Api; 3] = [Api::OpenaiResponses, Api::OpenaiChat, Api::AnthropicMessages];
+    pub const ALL: [Api; 4] =
+        [Api::OpenaiResponses, Api::OpenaiChat, Api::AnthropicMessages, Api::GoogleGemini];
+
+    /// Every API's spelling, for messages.
+    pub const SPELLED: &str = "openai-responses, openai-chat, anthropic-messages or google-gemini";
 
     /// Parses the driver spelling.
     pub fn parse(s: &str) -> Option<Api> {
@@ -46,6 +52,7 @@ impl Api {
             Api::OpenaiResponses => "openai-responses",
             Api::OpenaiChat => "openai-chat",
             Api::AnthropicMessages => "anthropic-messages",
+            Api::GoogleGemini => "google-gemini",
         }
     }
 
@@ -54,6 +61,7 @@ impl Api {
         match self {
             Api::OpenaiResponses | Api::OpenaiChat => "OPENAI_API_KEY",
             Api::AnthropicMessages => "ANTHROPIC_API_KEY",
+            Api::GoogleGemini => "GEMINI_API_KEY",
         }
     }
 }
@@ -292,10 +300,8 @@ pub fn parse(bytes: &[u8]) -> Result<Driver, String> {
         }
         *slot = Some((n, v.to_owned()));
     }
-    let (n, a) = api.ok_or("api is missing (openai-responses, openai-chat or anthropic-messages)")?;
-    let api = Api::parse(&a).ok_or_else(|| {
-        format!("line {n}: api {a:?} is not openai-responses, openai-chat or anthropic-messages")
-    })?;
+    let (n, a) = api.ok_or_else(|| format!("api is missing ({})", Api::SPELLED))?;
+    let api = Api::parse(&a).ok_or_else(|| format!("line {n}: api {a:?} is not {}", Api::SPELLED))?;
     let (n, u) = base_url.ok_or("base_url is missing")?;
     let base_url = Url::parse(&u).map_err(|e| format!("line {n}: base_url: {e}"))?;
     let key_env = match key_env {

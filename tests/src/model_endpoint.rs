@@ -1,5 +1,6 @@
 //! A scripted model endpoint on this host's loopback, speaking the real wire formats over SSE:
-//! OpenAI Responses (`POST /v1/responses`) and Anthropic Messages (`POST /v1/messages`).
+//! OpenAI Responses (`POST /v1/responses`), Anthropic Messages (`POST /v1/messages`) and
+//! Google's Gemini API (`POST /v1beta/models/{id}:streamGenerateContent?alt=sse`).
 //!
 //! It stands in for a model (the one thing tests cannot have here). Each turn of a
 //! conversation goes the same way: while the request carries no tool result, the model calls
@@ -19,7 +20,7 @@ use serde_json::{Value, json};
 pub struct Seen {
     /// The path.
     pub path: String,
-    /// The key it carried (`Authorization: Bearer` or `x-api-key`).
+    /// The key it carried (`Authorization: Bearer`, `x-api-key` or `x-goog-api-key`).
     pub key: Option<String>,
     /// The body.
     pub body: Value,
@@ -99,7 +100,7 @@ fn serve(c: TcpStream, seen: &Mutex<Vec<Seen>>, script: &Script) -> std::io::Res
         match k.as_str() {
             "content-length" => len = v.parse().unwrap_or(0).min(BODY_MAX),
             "authorization" => key = v.strip_prefix("Bearer ").map(str::to_owned),
-            "x-api-key" => key = Some(v.to_owned()),
+            "x-api-key" | "x-goog-api-key" => key = Some(v.to_owned()),
             "transfer-encoding" => chunked = v.eq_ignore_ascii_case("chunked"),
             _ => {}
         }
@@ -129,6 +130,12 @@ fn serve(c: TcpStream, seen: &Mutex<Vec<Seen>>, script: &Script) -> std::io::Res
     let id = script.ids.fetch_add(1, Ordering::Relaxed);
     if path.ends_with("/responses") {
         sse(&mut w, &responses(&body, script, id))?;
+    } else if path.ends_with(":streamGenerateContent") {
+        sse(&mut w, &[gemini(&body, script)])?;
+    } else if path.ends_with(":generateContent") {
+        json_reply(&mut w, &gemini(&body, script))?;
+    } else if path.ends_with(":countTokens") {
+        json_reply(&mut w, &json!({"totalTokens": 10}))?;
     } else if path.ends_with("/messages/count_tokens") {
         json_reply(&mut w, &json!({"input_tokens": 10}))?;
     } else if path.ends_with("/messages") {
@@ -149,8 +156,11 @@ fn sse(w: &mut TcpStream, events: &[Value]) -> std::io::Result<()> {
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n",
     )?;
     for e in events {
-        let kind = e["type"].as_str().unwrap_or("message");
-        w.write_all(format!("event: {kind}\ndata: {e}\n\n").as_bytes())?;
+        // OpenAI's and Anthropic's events are named; Gemini's are data alone.
+        match e["type"].as_str() {
+            Some(kind) => w.write_all(format!("event: {kind}\ndata: {e}\n\n").as_bytes())?,
+            None => w.write_all(format!("data: {e}\r\n\r\n").as_bytes())?,
+        }
     }
     w.flush()
 }
@@ -186,6 +196,18 @@ fn tool_output(body: &Value) -> Option<String> {
             .filter(|(n, _)| last_user.is_none_or(|u| *n > u))
             .filter(|(_, i)| i["type"].as_str().is_some_and(|t| t.ends_with("call_output")))
             .map(|(_, i)| text(&i["output"]))
+            .next_back();
+    }
+    // Gemini: the last user content holding a functionResponse.
+    if let Some(contents) = body["contents"].as_array() {
+        let last = contents.iter().rev().find(|c| c["role"] == "user")?;
+        return last["parts"]
+            .as_array()?
+            .iter()
+            .filter_map(|p| p.get("functionResponse"))
+            .map(|r| {
+                r["response"]["output"].as_str().map_or_else(|| r["response"].to_string(), str::to_owned)
+            })
             .next_back();
     }
     // Messages: the last user message holding a tool_result.
@@ -285,6 +307,28 @@ fn messages(body: &Value, s: &Script, id: u64) -> Vec<Value> {
             "usage": {"output_tokens": 5}}),
         json!({"type": "message_stop"}),
     ]
+}
+
+/// A Gemini answer (one streamed chunk, or the whole of a `generateContent`): the shell tool
+/// called while there is no tool result, then the text.
+fn gemini(body: &Value, s: &Script) -> Value {
+    let shell = body["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["functionDeclarations"].as_array())
+        .flatten()
+        .filter_map(|f| f["name"].as_str())
+        .find(|n| n.contains("shell"))
+        .map(str::to_owned);
+    let part = match (tool_output(body), shell) {
+        (None, Some(name)) => json!({"functionCall": {"name": name, "args": {"command": s.command}}}),
+        (Some(o), _) => json!({"text": format!("{} {}", s.answer, o.trim())}),
+        (None, None) => json!({"text": s.answer}),
+    };
+    json!({"candidates": [{"content": {"role": "model", "parts": [part]}, "finishReason": "STOP", "index": 0}],
+        "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 5, "totalTokenCount": 15},
+        "modelVersion": body["model"].as_str().unwrap_or("m")})
 }
 
 /// The message the events of [`messages`] stream, whole (for a request without `stream`).

@@ -53,6 +53,11 @@ fn ok(o: Output, what: &str) -> Output {
 /// A daemon with agent `sockcx` (Codex, its model the scripted endpoint `ep`) and agent
 /// `sockrt` (the scripted runtime), and a workspace holding `a.txt` and the runtime.
 fn host(ep: &Endpoint) -> Host {
+    host_of(ep, "openai-responses", "codex")
+}
+
+/// As [`host`], with sockcx's model speaking `api` and its `profile` the launch profile named.
+fn host_of(ep: &Endpoint, api: &str, profile: &str) -> Host {
     let mut s = Served::unstarted(&[]);
     let secrets = s.dir.path().join("secrets");
     s.env.push(("CTX_SECRETS".into(), secrets.display().to_string()));
@@ -68,8 +73,11 @@ fn host(ep: &Endpoint) -> Host {
     new("sockcx", "1000", &["--tool", "fs.stat"]);
     new("sockrt", "1001", &[]);
     fs::write(s.storage.join("tool/fs.stat.d/policy"), "allow sockcx_t tool:fs.stat execute\n").unwrap();
-    let base = format!("http://127.0.0.1:{}/v1", ep.port);
-    let m = ["model", "add", "local/m1", "--api", "openai-responses", "--base-url", &base, "--id", "m-1"];
+    let base = match api {
+        "openai-responses" | "openai-chat" => format!("http://127.0.0.1:{}/v1", ep.port),
+        _ => format!("http://127.0.0.1:{}", ep.port),
+    };
+    let m = ["model", "add", "local/m1", "--api", api, "--base-url", &base, "--id", "m-1"];
     ok(ctx(&[&m[..], &["--source", &st]].concat(), &env, ""), "model add");
     ok(ctx(&["model", "alias", "main", "local/m1", "--source", &st], &env, ""), "alias");
     ok(ctx(&["agent", "grant", "sockcx", "model:main", "use", "--source", &st], &env, ""), "grant");
@@ -79,7 +87,7 @@ fn host(ep: &Endpoint) -> Host {
         "grant record",
     );
     ok(ctx(&["secret", "set", "local"], &env, "sk-socket-key"), "secret");
-    fs::write(s.storage.join("agent/sockcx.d/profile"), "codex\n").unwrap();
+    fs::write(s.storage.join("agent/sockcx.d/profile"), format!("{profile}\n")).unwrap();
     fs::write(s.storage.join("agent/sockrt.d/profile"), "/workspace/rt.sh\n").unwrap();
     let work = s.dir.path().join("work");
     workspace(&work, 1000);
@@ -191,6 +199,37 @@ fn records(h: &Host, uid: u32, agent: &str, s: &str) -> Vec<Value> {
 /// How many records of `id` with `role` the session holds.
 fn count(r: &[Value], id: &str, role: &str) -> usize {
     r.iter().filter(|v| v["id"] == id && v["role"] == role).count()
+}
+
+/// Gemini CLI is a launch profile file alone (`ctxterm/profiles/gemini.toml`): socket turns
+/// run it headless as its `[turn]` says, the first in a conversation whose id the launcher
+/// picks and keeps, the second resuming it, against the scripted endpoint in Gemini's wire
+/// format with the agent's key.
+#[test]
+fn a_gemini_agent_answers_socket_turns_through_its_profile_file_and_resumes_its_conversation() {
+    let ep = Endpoint::start("tsh fs.stat /workspace/a.txt", "CHECKED");
+    let h = host_of(&ep, "google-gemini", "gemini");
+    let s = tests::unique("gm");
+    let cwd = h.work.display().to_string();
+    let mut c = Client::to(&h, "sockcx");
+    c.send(json!({"op": "send", "id": "g1", "session": s, "cwd": cwd, "input": "stat a.txt"}));
+    let f = c.until(done("g1"));
+    assert_eq!(f.last().unwrap()["status"], "ok", "{f:?}");
+    let answer = f.iter().find(|f| f["type"] == "message").unwrap();
+    assert!(answer["content"].as_str().unwrap().contains("CHECKED"), "{f:?}");
+    let seen = ep.seen();
+    assert!(seen.iter().any(|r| r.path.ends_with("/models/m-1:streamGenerateContent")), "{seen:?}");
+    assert!(seen.iter().all(|r| r.key.as_deref() == Some("sk-socket-key")), "{seen:?}");
+    let dir = h.s.storage.join(format!("home/1000/agent/sockcx/session/{s}"));
+    let id = fs::read_to_string(dir.join("cli_session")).unwrap();
+    assert_eq!(id.trim().len(), 36, "the conversation the launcher chose: {id}");
+    c.send(json!({"op": "send", "id": "g2", "session": s, "cwd": cwd, "input": "again"}));
+    assert_eq!(c.until(done("g2")).last().unwrap()["status"], "ok");
+    let last = ep.seen().last().unwrap().body.to_string();
+    assert!(
+        last.contains("stat a.txt") && last.contains("again"),
+        "the second turn carries the first: {last}"
+    );
 }
 
 #[test]

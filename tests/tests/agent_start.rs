@@ -397,9 +397,12 @@ fn the_tsh_path_sees_a_read_only_ctx_and_a_command_of_its_own_a_writable_one() {
 #[test]
 fn hosted_cli_profiles_run_in_the_sandbox_without_network() {
     let w = World::new();
-    for (profile, want) in
-        [("codex", "codex-cli 0.171.0"), ("claude", "2.1.332 (Claude Code)"), ("pi", "0.73.1")]
-    {
+    for (profile, want) in [
+        ("codex", "codex-cli 0.171.0"),
+        ("claude", "2.1.332 (Claude Code)"),
+        ("pi", "0.73.1"),
+        ("gemini", "0.61.0"),
+    ] {
         let out = w.start(&session(profile), &["--wait", "--profile", profile], &["--version"]);
         assert!(out.status.success(), "{profile}: {}", text(&out));
         let said =
@@ -563,7 +566,7 @@ fn a_run_waited_on_by_a_program_is_headless_unless_it_asks_for_a_terminal() {
 /// to coder, and its key in a secret store of the test's own (`CTX_SECRETS`).
 fn with_model(w: &World, api: &str, ep: &tests::model_endpoint::Endpoint, key: &str) -> PathBuf {
     let base = match api {
-        "anthropic-messages" => format!("http://127.0.0.1:{}", ep.port),
+        "anthropic-messages" | "google-gemini" => format!("http://127.0.0.1:{}", ep.port),
         _ => format!("http://127.0.0.1:{}/v1", ep.port),
     };
     with_model_at(w, api, &base, key)
@@ -830,6 +833,32 @@ fn pi_does_a_real_turn_through_its_profile_and_continues_from_its_home() {
     let models = w.s.storage.join("home/1000/agent/coder/home/.pi/agent/models.json");
     assert!(!fs::read_to_string(&models).unwrap().contains("sk-pi-test-key"), "the route, never the key");
     let out = run_cli(&w, &s, "pi", &secrets, &["-p", "-c", "again"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let last = ep.seen().last().unwrap().body.to_string();
+    assert!(
+        last.contains("stat a.txt") && last.contains("again"),
+        "the second turn carries the first: {last}"
+    );
+}
+
+/// A fourth CLI from npm, added as a profile file alone (`ctxterm/profiles/gemini.toml`): its
+/// turn reaches the scripted endpoint in Gemini's wire format with the agent's key, runs its
+/// shell tool through tsh in the sandbox, and a second turn resumes the same conversation.
+#[test]
+fn gemini_does_a_real_turn_through_its_profile_file_and_resumes_its_conversation() {
+    let ep = tests::model_endpoint::Endpoint::start("tsh fs.stat /workspace/a.txt", "CHECKED");
+    let w = World::new();
+    let secrets = with_model(&w, "google-gemini", &ep, "gm-test-key");
+    let s = session("gmturn");
+    let id = "0b6f1c1e-6a3e-4c1f-9d59-1d2c3b4a5f60";
+    let out = run_cli(&w, &s, "gemini", &secrets, &["--session-id", id, "-p", "stat a.txt"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("CHECKED"), "{}", text(&out));
+    assert!(tool_calls(&w, &s).iter().any(|l| l.contains("fs.stat")), "{:?}", tool_calls(&w, &s));
+    let seen = ep.seen();
+    assert!(seen.iter().any(|r| r.path.ends_with("/models/m-1:streamGenerateContent")), "{seen:?}");
+    assert!(seen.iter().all(|r| r.key.as_deref() == Some("gm-test-key")), "{seen:?}");
+    let out = run_cli(&w, &s, "gemini", &secrets, &["--resume", id, "-p", "again"]);
     assert!(out.status.success(), "{}", text(&out));
     let last = ep.seen().last().unwrap().body.to_string();
     assert!(

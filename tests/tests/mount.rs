@@ -803,3 +803,30 @@ fn paths_longer_than_path_max_work_at_every_depth() {
     assert!(rm.status.success(), "{}", String::from_utf8_lossy(&rm.stderr));
     assert!(names(&s.storage.join("home/0")).is_empty());
 }
+
+/// `fstat`/`fchmod` of an open directory after `rmdir` or a rename over it, of an unlinked FIFO
+/// open by `O_PATH`, and `stat(".")` in a removed working directory answered ENOENT; ext4
+/// answers them, with `st_nlink` 0.
+#[test]
+fn open_objects_whose_last_name_is_gone_still_answer() {
+    let s = Served::start();
+    fs::create_dir_all(s.storage.join("home/0")).unwrap();
+    let script = r#"
+import os, stat, sys
+os.chdir(sys.argv[1])
+os.mkdir("d"); fd = os.open("d", os.O_RDONLY | os.O_DIRECTORY); os.rmdir("d")
+st = os.fstat(fd); assert stat.S_ISDIR(st.st_mode) and st.st_nlink == 0, st
+os.fchmod(fd, 0o700); assert os.fstat(fd).st_mode & 0o777 == 0o700
+os.mkdir("e"); os.mkdir("f"); fd = os.open("e", os.O_RDONLY | os.O_DIRECTORY); os.rename("f", "e")
+st = os.fstat(fd); assert stat.S_ISDIR(st.st_mode) and st.st_nlink == 0, st
+os.fchmod(fd, 0o711); assert os.fstat(fd).st_mode & 0o777 == 0o711
+os.mkfifo("p"); fd = os.open("p", os.O_PATH); os.unlink("p")
+st = os.fstat(fd); assert stat.S_ISFIFO(st.st_mode) and st.st_nlink == 0, st
+os.mkdir("w"); os.chdir("w"); os.rmdir("../w")
+st = os.stat("."); assert stat.S_ISDIR(st.st_mode) and st.st_nlink == 0, st
+print("end")
+"#;
+    let out = Command::new("python3").args(["-c", script]).arg(s.p("home/0")).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout == "end\n", "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+}

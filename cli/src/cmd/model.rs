@@ -24,7 +24,7 @@ pub enum Cmd {
         at: At,
         /// PROVIDER/MODEL.
         name: String,
-        /// The wire format: openai-responses, openai-chat or anthropic-messages.
+        /// The wire format: openai-responses, openai-chat, anthropic-messages or google-gemini.
         #[arg(long, value_parser = parse_api)]
         api: Api,
         /// Where it is served, e.g. `https://api.example.com/v1` or `http://127.0.0.1:11434/v1`.
@@ -139,7 +139,7 @@ pub enum SecretCmd {
 }
 
 fn parse_api(s: &str) -> Result<Api, String> {
-    Api::parse(s).ok_or_else(|| format!("{s:?} is not openai-responses, openai-chat or anthropic-messages"))
+    Api::parse(s).ok_or_else(|| format!("{s:?} is not {}", Api::SPELLED))
 }
 
 fn invalid(message: impl Into<String>) -> anyhow::Error {

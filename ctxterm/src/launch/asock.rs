@@ -790,7 +790,7 @@ impl Server {
         // The agent's template, as it is now: an agent.update of it shows in the next turn. A
         // profile that names no runtime is refused before anything is recorded.
         let prompt = prompt_of(&self.control(agent, "prompt.template.md"), s);
-        let (args, new_cli_session) = match cli_args(&profile, agent, &dir, &prompt) {
+        let (args, prompt_on_stdin, new_cli_session) = match cli_args(&profile, agent, &dir, &prompt) {
             Ok(a) => a,
             Err(m) => return fail("EINVAL", m),
         };
@@ -898,7 +898,7 @@ impl Server {
                 if let Some(space) = &s.space {
                     cmd.args(["--shared", space]);
                 }
-                if ["codex", "claude", "pi"].contains(&profile.as_str()) {
+                if super::profiles::hosted(&profile) {
                     cmd.args(["--profile", &profile]);
                 }
                 cmd.arg("--").args(&args);
@@ -931,7 +931,7 @@ impl Server {
             }
         };
         if let Some(mut i) = stdin {
-            let input = if profile == "pi" { String::new() } else { prompt.clone() };
+            let input = if prompt_on_stdin { prompt.clone() } else { String::new() };
             std::thread::spawn(move || {
                 let _ = i.write_all(input.as_bytes());
             });
@@ -988,7 +988,9 @@ impl Server {
             "error"
         };
         if status == 0
-            && let Some(id) = new_cli_session.or_else(|| codex_session(&profile, &stderr))
+            && let Some(id) = new_cli_session.or_else(|| {
+                super::profiles::find(&profile).and_then(|p| super::profiles::session_on_stderr(p, &stderr))
+            })
             && session::read_file(&dir, CLI_SESSION, 128).is_err()
         {
             let _ = session::replace_file(&dir, CLI_SESSION, &format!("{id}\n"));
@@ -1283,70 +1285,38 @@ fn prompt_of(template: &str, s: &asock::Send) -> String {
     p
 }
 
-/// The arguments of a turn for the agent's profile, and the id of a CLI conversation this
-/// turn begins (to be recorded when it succeeds). The prompt comes on standard input, except
-/// for pi, which takes it as an argument.
+/// The arguments of a turn for the agent's profile (its launch profile's `turn`), whether the
+/// prompt goes on standard input, and the id of a CLI conversation this turn begins (to be
+/// recorded when it succeeds).
 fn cli_args(
     profile: &str,
     agent: &str,
     dir: &Path,
     prompt: &str,
-) -> Result<(Vec<String>, Option<String>), String> {
+) -> Result<(Vec<String>, bool, Option<String>), String> {
     let known = session::read_file(dir, CLI_SESSION, 128).ok().map(|s| s.trim().to_owned()).filter(|s| {
         !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
     });
-    let v = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
-    Ok(match profile {
-        "codex" => {
-            let base = ["--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox"];
-            match known {
-                Some(id) => (
-                    ["exec", "resume"]
-                        .iter()
-                        .chain(&base)
-                        .map(|s| (*s).to_owned())
-                        .chain([id, "-".into()])
-                        .collect(),
-                    None,
-                ),
-                None => (["exec"].iter().chain(&base).chain(&["-"]).map(|s| (*s).to_owned()).collect(), None),
-            }
-        }
-        "claude" => match known {
-            Some(id) => (v(&["-p", "--dangerously-skip-permissions", "--resume", &id]), None),
-            None => {
-                let id = uuid().map_err(|e| format!("a conversation id: {e}"))?;
-                (v(&["-p", "--dangerously-skip-permissions", "--session-id", &id]), Some(id))
-            }
-        },
-        "pi" => (v(&["-p", "--continue", prompt]), None),
-        // tsh: the turn is lines of tool calls.
-        "tsh" => (Vec::new(), None),
-        "" => {
-            return Err(format!(
-                "agent/{agent}.d/profile is empty, so nothing would answer a turn: name its runtime there \
-                 (codex, claude, pi, tsh for lines of tool calls, or the absolute path of a runtime), \
-                 e.g. echo codex > /ctx/agent/{agent}.d/profile"
-            ));
-        }
+    let known_names = || super::profiles::names().join(", ");
+    match profile {
+        "" => Err(format!(
+            "agent/{agent}.d/profile is empty, so nothing would answer a turn: name its runtime there \
+             (a launch profile: {}; tsh for lines of tool calls; or the absolute path of a runtime), \
+             e.g. echo codex > /ctx/agent/{agent}.d/profile",
+            known_names()
+        )),
         // A runtime of the agent's own, by its path in the sandbox.
-        p if p.starts_with('/') && policy::path::check_absolute(p).is_ok() => (vec![p.to_owned()], None),
-        p => {
-            return Err(format!(
-                "agent/{agent}.d/profile: {p:?} is codex, claude, pi, tsh, or the absolute path of a runtime"
-            ));
+        p if p.starts_with('/') && policy::path::check_absolute(p).is_ok() => {
+            Ok((vec![p.to_owned()], true, None))
         }
-    })
-}
-
-/// The conversation id Codex names on its standard error (`session id: ...`).
-fn codex_session(profile: &str, stderr: &str) -> Option<String> {
-    if profile != "codex" {
-        return None;
+        p => match super::profiles::find(p) {
+            Some(p) => super::profiles::turn(p, known.as_deref(), prompt, uuid).map_err(|e| e.to_string()),
+            None => Err(format!(
+                "agent/{agent}.d/profile: {p:?} is a launch profile ({}) or the absolute path of a runtime",
+                known_names()
+            )),
+        },
     }
-    stderr.lines().find_map(|l| l.trim().strip_prefix("session id:")).map(|s| s.trim().to_owned()).filter(
-        |s| !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'),
-    )
 }
 
 /// A random (version 4) UUID.

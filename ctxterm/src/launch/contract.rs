@@ -474,23 +474,21 @@ pub fn derive(s: &Start) -> Result<Contract> {
     let chosen = s.profile.clone().or_else(|| {
         let own = read_control(&s.ctx, &s.agent, "profile").unwrap_or_default();
         let own = own.lines().next().unwrap_or("").trim();
-        (s.cmd.is_empty() && ["codex", "claude", "pi"].contains(&own)).then(|| own.to_owned())
+        (s.cmd.is_empty() && profiles::hosted(own)).then(|| own.to_owned())
     });
     let cmd = match &chosen {
         Some(name) => {
-            let p = profiles::find(name).ok_or_else(|| {
-                invalid(format!("unknown profile {name:?} (known: {})", profiles::names().join(" ")))
-            })?;
-            if p.program.starts_with("/usr/") && !Path::new(p.program).exists() {
+            let p = profiles::get(name)?;
+            if p.program.starts_with("/usr/") && !Path::new(&p.program).exists() {
                 return Err(Error::Unavailable(format!(
                     "profile {}: {} is missing ({})",
                     p.name, p.program, p.install
                 )));
             }
-            env.extend(p.env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
-            home_dirs = p.dirs.iter().map(|d| (*d).to_owned()).collect();
-            home_seed = p.seed.iter().map(|(f, t)| ((*f).to_owned(), (*t).to_owned())).collect();
-            let mut args: Vec<String> = p.args.iter().map(|a| (*a).to_owned()).collect();
+            env.extend(p.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+            home_dirs = p.dirs.clone();
+            home_seed = p.seed.iter().map(|(f, t)| (f.clone(), t.clone())).collect();
+            let mut args: Vec<String> = p.args.clone();
             // The agent's model (or main): none at all leaves the CLI with its own configuration.
             let named = read_control(&s.ctx, &s.agent, "model").unwrap_or_default();
             let named = named.lines().next().unwrap_or("").trim().to_owned();
@@ -522,8 +520,8 @@ pub fn derive(s: &Start) -> Result<Contract> {
             // The agent's instructions, as the CLI takes them: an agent.update shows in the next run.
             let system = read_control(&s.ctx, &s.agent, "system.md").unwrap_or_default();
             args.extend(profiles::instruct(p, &system));
-            let base: Vec<String> = std::iter::once(p.program.to_owned()).chain(args).collect();
-            profile = Some((p.name.to_owned(), base.clone()));
+            let base: Vec<String> = std::iter::once(p.program.clone()).chain(args).collect();
+            profile = Some((p.name.clone(), base.clone()));
             base.into_iter().chain(s.cmd.iter().cloned()).collect()
         }
         None if s.cmd.is_empty() => vec!["/ctx/bin/tsh".to_owned()],

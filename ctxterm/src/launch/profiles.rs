@@ -1,97 +1,109 @@
-//! Launch profiles: which program runs in an agent's terminal, what it needs in its home, and
-//! how the agent's model route becomes the CLI's own configuration.
+//! Launch profiles: which program runs in an agent's terminal, what it needs in its home, how a
+//! headless turn is spelled and resumed, and how the agent's model route becomes the CLI's own
+//! configuration.
 //!
 //! CortexFS runs these CLIs as they are; it never re-implements their model loop, sessions or
-//! approvals. A profile only spells, in the CLI's own options and variables, where the model is
-//! (its base URL, API and id) and which variable holds the key; the key itself reaches the
-//! CLI's environment through a descriptor (see [`mod@super::supervise`]), never its arguments.
+//! approvals. A profile is data, one TOML file per CLI ([`policy::profile`] reads it): the
+//! files in `ctxterm/profiles/` are built in, and a root-owned file in [`DIR`] adds a profile or
+//! replaces the built-in one of its name. A profile only spells, in the CLI's own options and
+//! variables, where the model is (its base URL, API and id) and which variable holds the key;
+//! the key itself reaches the CLI's environment through a descriptor (see
+//! [`mod@super::supervise`]), never its arguments.
 
-use policy::model::Api;
+use std::sync::OnceLock;
+
+use policy::profile::{self as spec, Prompt, Session};
 
 use super::models::Model;
 use super::{Error, Result};
 
-/// A hosted CLI launch profile.
-#[derive(Debug)]
-pub struct Profile {
-    /// `--profile NAME`.
-    pub name: &'static str,
-    /// The program, as seen inside the sandbox (host `/usr` is bound read-only).
-    pub program: &'static str,
-    /// Environment it needs (its state in the agent's home, `/home/agent`).
-    pub env: &'static [(&'static str, &'static str)],
-    /// Directories it needs in the agent's home, made before the run (relative to it).
-    pub dirs: &'static [&'static str],
-    /// Files made in the agent's home when missing (relative path, contents), never changed
-    /// once there: the CLI's own state from then on.
-    pub seed: &'static [(&'static str, &'static str)],
-    /// Arguments before everything else.
-    pub args: &'static [&'static str],
-    /// Where it comes from, for the error when it is missing.
-    pub install: &'static str,
-    /// Whether it talks to a model (and so resolves the agent's).
-    pub hosted: bool,
+pub use policy::profile::Profile;
+
+/// Where an operator's profiles are read from (`NAME.toml`, owned by root, written by no one
+/// else).
+pub const DIR: &str = "/etc/cortexfs/profiles";
+
+/// The built-in profiles: every file in `ctxterm/profiles/`.
+const BUILT_IN: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/profiles.rs"));
+
+/// Every profile, and the files that could not be read (each with why).
+fn loaded() -> &'static (Vec<Profile>, Vec<String>) {
+    static ALL: OnceLock<(Vec<Profile>, Vec<String>)> = OnceLock::new();
+    ALL.get_or_init(|| {
+        let (mut all, mut bad) = (Vec::new(), Vec::new());
+        for (name, text) in BUILT_IN {
+            match spec::parse(name, text.as_bytes()) {
+                Ok(p) => all.push(p),
+                Err(e) => bad.push(e.to_string()),
+            }
+        }
+        for (name, bytes) in operators() {
+            match bytes.and_then(|b| spec::parse(&name, &b).map_err(|e| e.to_string())) {
+                Ok(p) => {
+                    all.retain(|q: &Profile| q.name != p.name);
+                    all.push(p);
+                }
+                Err(e) => bad.push(format!("{DIR}/{name}.toml: {e}")),
+            }
+        }
+        (all, bad)
+    })
 }
 
-/// The profiles. Each CLI runs on the terminal's PTY, or headless on the caller's streams.
-pub const PROFILES: &[Profile] = &[
-    Profile {
-        name: "tsh",
-        program: "/ctx/bin/tsh",
-        env: &[],
-        dirs: &[],
-        seed: &[],
-        args: &[],
-        install: "ctx mount serves it in /ctx/bin",
-        hosted: false,
-    },
-    Profile {
-        name: "codex",
-        program: "/usr/bin/codex",
-        env: &[("CODEX_HOME", "/home/agent/.codex")],
-        dirs: &[".codex"],
-        seed: &[],
-        // The sandbox is CortexFS's: Codex's own cannot nest in it (no user namespaces inside).
-        args: &["-c", "sandbox_mode=\"danger-full-access\""],
-        install: "npm install -g @openai/codex",
-        hosted: true,
-    },
-    Profile {
-        name: "claude",
-        program: "/usr/bin/claude",
-        env: &[
-            ("CLAUDE_CONFIG_DIR", "/home/agent/.claude"),
-            ("DISABLE_AUTOUPDATER", "1"),
-            ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
-        ],
-        dirs: &[".claude"],
-        // First-run onboarding checks that api.anthropic.com answers, which a sandbox reaching
-        // only its model cannot: the agent's Claude Code starts as one that has been set up.
-        seed: &[(".claude/.claude.json", "{\"hasCompletedOnboarding\": true}\n")],
-        args: &[],
-        install: "npm install -g @anthropic-ai/claude-code",
-        hosted: true,
-    },
-    Profile {
-        name: "pi",
-        program: "/usr/bin/pi",
-        env: &[],
-        dirs: &[".pi", ".pi/agent"],
-        seed: &[],
-        args: &[],
-        install: "npm install -g @mariozechner/pi-coding-agent",
-        hosted: true,
-    },
-];
+/// The operator's profile files: name and contents, or why they are not taken.
+fn operators() -> Vec<(String, std::result::Result<Vec<u8>, String>)> {
+    use std::os::unix::fs::MetadataExt;
+    // root's: /etc
+    let Ok(dir) = std::fs::read_dir(DIR) else { return Vec::new() };
+    let mut out = Vec::new();
+    for e in dir.flatten().take(256) {
+        let path = e.path();
+        let Some(name) = path.file_stem().and_then(|s| s.to_str()).map(str::to_owned) else { continue };
+        if path.extension().is_none_or(|x| x != "toml") {
+            continue;
+        }
+        let read = (|| {
+            use std::io::Read;
+            let f = ringfs::beneath::Tree::open(std::path::Path::new(DIR))
+                .and_then(|t| t.open_regular(e.file_name(), rustix::fs::OFlags::RDONLY))
+                .map_err(|e| e.to_string())?;
+            let m = f.metadata().map_err(|e| e.to_string())?;
+            if m.uid() != 0 || m.mode() & 0o022 != 0 {
+                return Err("not root's alone (owned by root, written by no one else)".to_owned());
+            }
+            let mut b = Vec::new();
+            f.take(spec::MAX_BYTES as u64 + 1).read_to_end(&mut b).map_err(|e| e.to_string())?;
+            Ok(b)
+        })();
+        out.push((name, read));
+    }
+    out
+}
 
 /// The profile named `name`.
 pub fn find(name: &str) -> Option<&'static Profile> {
-    PROFILES.iter().find(|p| p.name == name)
+    loaded().0.iter().find(|p| p.name == name)
+}
+
+/// The profile named `name`, or why there is none.
+pub fn get(name: &str) -> Result<&'static Profile> {
+    find(name).ok_or_else(|| {
+        let bad = &loaded().1;
+        let why = if bad.is_empty() { String::new() } else { format!("; not read: {}", bad.join("; ")) };
+        Error::Invalid(format!("unknown profile {name:?} (known: {}){why}", names().join(" ")))
+    })
+}
+
+/// Whether `name` is a profile that talks to a model (a hosted CLI).
+pub fn hosted(name: &str) -> bool {
+    find(name).is_some_and(|p| p.hosted)
 }
 
 /// The names of every profile.
 pub fn names() -> Vec<&'static str> {
-    PROFILES.iter().map(|p| p.name).collect()
+    let mut n: Vec<_> = loaded().0.iter().map(|p| p.name.as_str()).collect();
+    n.sort_unstable();
+    n
 }
 
 /// A model route turned into a CLI's configuration.
@@ -110,113 +122,104 @@ pub struct Wired {
 
 /// How `p` is pointed at `m`.
 pub fn wire(p: &Profile, m: &Model) -> Result<Wired> {
-    let url = m.driver.base_url.to_string();
     let refuse = |why: &str| {
         Err(Error::Invalid(format!(
             "profile {} cannot use model {} ({}): {why}",
             p.name, m.name, m.driver.api
         )))
     };
-    match p.name {
-        "codex" => {
-            let wire_api = match m.driver.api {
-                Api::OpenaiResponses => "responses",
-                Api::OpenaiChat => "chat",
-                Api::AnthropicMessages => return refuse("Codex speaks the OpenAI APIs only"),
-            };
-            let key = "CORTEXFS_MODEL_KEY";
-            let mut c = vec![
-                "model_provider=\"cortexfs\"".to_owned(),
-                "model_providers.cortexfs.name=\"cortexfs\"".to_owned(),
-                format!("model_providers.cortexfs.base_url={}", toml_string(&url)),
-                format!("model_providers.cortexfs.wire_api=\"{wire_api}\""),
-                format!("model={}", toml_string(&m.id)),
-            ];
-            if m.driver.needs_key {
-                c.push(format!("model_providers.cortexfs.env_key=\"{key}\""));
-            }
-            Ok(Wired {
-                args: c.into_iter().flat_map(|c| ["-c".to_owned(), c]).collect(),
-                env: Vec::new(),
-                key_env: m.driver.needs_key.then(|| key.to_owned()),
-                files: Vec::new(),
-            })
-        }
-        "claude" => {
-            if m.driver.api != Api::AnthropicMessages {
-                return refuse("Claude Code speaks Anthropic Messages only");
-            }
-            let env = [
-                ("ANTHROPIC_BASE_URL", url.as_str()),
-                ("ANTHROPIC_MODEL", m.id.as_str()),
-                ("ANTHROPIC_DEFAULT_HAIKU_MODEL", m.id.as_str()),
-                ("ANTHROPIC_DEFAULT_SONNET_MODEL", m.id.as_str()),
-                ("ANTHROPIC_DEFAULT_OPUS_MODEL", m.id.as_str()),
-            ];
-            // The key comes through a helper that prints the variable: Claude Code then neither
-            // asks whether to use a key found in its environment nor keeps a part of it.
-            let key = "CORTEXFS_MODEL_KEY";
-            let args = if m.driver.needs_key {
-                let settings = serde_json::json!({"apiKeyHelper": format!("printenv {key}")});
-                vec!["--settings".to_owned(), settings.to_string()]
-            } else {
-                Vec::new()
-            };
-            Ok(Wired {
-                args,
-                env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
-                key_env: m.driver.needs_key.then(|| key.to_owned()),
-                files: Vec::new(),
-            })
-        }
-        "pi" => {
-            let api = match m.driver.api {
-                Api::OpenaiResponses => "openai-responses",
-                Api::OpenaiChat => "openai-completions",
-                Api::AnthropicMessages => "anthropic-messages",
-            };
-            let key = "CORTEXFS_MODEL_KEY";
-            // pi takes an apiKey that names a variable; a route without a key gets a word
-            // that is none.
-            let models = serde_json::json!({"providers": {"cortexfs": {
-                "baseUrl": url, "api": api,
-                "apiKey": if m.driver.needs_key { key } else { "none" },
-                "models": [{"id": m.id}],
-            }}});
-            Ok(Wired {
-                args: vec!["--provider".into(), "cortexfs".into(), "--model".into(), m.id.clone()],
-                env: Vec::new(),
-                key_env: m.driver.needs_key.then(|| key.to_owned()),
-                files: vec![(".pi/agent/models.json".into(), format!("{models:#}\n"))],
-            })
-        }
-        _ => refuse("this profile has no model wiring"),
+    let Some(w) = &p.model else { return refuse("this profile has no model wiring") };
+    let Some(api) = w.apis.get(m.driver.api.as_str()) else {
+        return refuse(if w.refuse.is_empty() { "it does not speak this API" } else { &w.refuse });
+    };
+    let url = m.driver.base_url.to_string();
+    let key = if m.driver.needs_key { w.key_env.as_str() } else { w.keyless.as_str() };
+    let vars = [
+        ("url", url.as_str()),
+        ("model", m.id.as_str()),
+        ("api", api.as_str()),
+        ("key_env", &w.key_env),
+        ("key", key),
+    ];
+    let x =
+        |t: &String| spec::expand(t, &vars).map_err(|e| Error::Invalid(format!("profile {}: {e}", p.name)));
+    let mut args = w.args.iter().map(x).collect::<Result<Vec<_>>>()?;
+    if m.driver.needs_key {
+        args.extend(w.keyed_args.iter().map(x).collect::<Result<Vec<_>>>()?);
     }
+    let env = w.env.iter().map(|(k, v)| Ok((k.clone(), x(v)?))).collect::<Result<Vec<_>>>()?;
+    let mut files = Vec::new();
+    for f in &w.files {
+        let text = match (&f.json, &f.text) {
+            (Some(j), _) => format!(
+                "{:#}\n",
+                spec::json_of(j, &vars).map_err(|e| Error::Invalid(format!("profile {}: {e}", p.name)))?
+            ),
+            (None, Some(t)) => x(t)?,
+            (None, None) => String::new(),
+        };
+        files.push((f.path.clone(), text));
+    }
+    Ok(Wired { args, env, key_env: m.driver.needs_key.then(|| w.key_env.clone()), files })
 }
 
 /// The arguments that give `p` the agent's `system.md` (its instructions), in the way the
-/// CLI takes them: Codex's `developer_instructions`, Claude Code's and pi's
-/// `--append-system-prompt`. Empty instructions give none.
+/// CLI takes them (its profile's `instructions`). Empty instructions give none.
 pub fn instruct(p: &Profile, system: &str) -> Vec<String> {
     let system = system.trim();
     if system.is_empty() {
         return Vec::new();
     }
-    match p.name {
-        "codex" => vec!["-c".into(), format!("developer_instructions={}", toml_string(system))],
-        "claude" | "pi" => vec!["--append-system-prompt".into(), system.to_owned()],
-        _ => Vec::new(),
-    }
+    p.instructions.iter().filter_map(|t| spec::expand(t, &[("system", system)]).ok()).collect()
 }
 
-/// `s` as a TOML basic string.
-fn toml_string(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_default()
+/// A headless turn of `p`: its arguments, whether the prompt goes on standard input, and the
+/// id of a conversation this turn begins (to be kept when it succeeds). `known` is the id of
+/// the conversation to resume; `chosen` makes one when the profile picks its own.
+pub fn turn(
+    p: &Profile,
+    known: Option<&str>,
+    prompt: &str,
+    chosen: impl FnOnce() -> std::io::Result<String>,
+) -> Result<(Vec<String>, bool, Option<String>)> {
+    let t = &p.turn;
+    let (templates, session, new) = match known {
+        Some(id) if !t.resume.is_empty() && t.session != Session::None => (&t.resume, id.to_owned(), None),
+        _ if t.session == Session::Chosen => {
+            let id = chosen().map_err(|e| Error::Internal(format!("a conversation id: {e}")))?;
+            (&t.new, id.clone(), Some(id))
+        }
+        _ => (&t.new, String::new(), None),
+    };
+    let vars = [("prompt", prompt), ("session", session.as_str())];
+    let args = templates
+        .iter()
+        .map(|a| spec::expand(a, &vars).map_err(|e| Error::Invalid(format!("profile {}: {e}", p.name))))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((args, t.prompt == Prompt::Stdin, new))
+}
+
+/// The conversation id a turn of `p` printed on its standard error, when the profile finds it
+/// there.
+pub fn session_on_stderr(p: &Profile, stderr: &str) -> Option<String> {
+    if p.turn.session != Session::Stderr {
+        return None;
+    }
+    let prefix = p.turn.session_prefix.as_str();
+    stderr.lines().find_map(|l| l.trim().strip_prefix(prefix)).map(|s| s.trim().to_owned()).filter(|s| {
+        !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_built_in_profile_reads() {
+        assert!(loaded().1.is_empty(), "{:?}", loaded().1);
+        assert_eq!(names(), ["claude", "codex", "gemini", "pi", "tsh"]);
+    }
 
     fn model(api: &str) -> Model {
         let driver =
