@@ -548,11 +548,9 @@ fn extended_attributes_on_data_behave_as_on_the_backing_filesystem() {
     // What the backing file holds is what was set.
     let n = rustix::fs::getxattr(s.storage.join("home/0/f"), "user.note", &mut buf).unwrap();
     assert_eq!(&buf[..n], b"kept");
-    // CortexFS's own attribute stays its own; ACLs are not taken (not enforced here).
+    // CortexFS's own attribute stays its own (ACLs: `posix_acls_round_trip_...`).
     let own = rustix::fs::setxattr(&f, "user.cortexfs.kind", b"object", XattrFlags::empty());
     assert_eq!(own.err().map(|e| e.raw_os_error()), Some(libc::EPERM));
-    let acl = rustix::fs::setxattr(&f, "system.posix_acl_access", b"\x02\0\0\0", XattrFlags::empty());
-    assert_eq!(acl.err().map(|e| e.raw_os_error()), Some(libc::EOPNOTSUPP));
     // cp -a and mv across home/ and shared/ keep the attribute, and say nothing.
     let cp = Command::new("cp").arg("-a").arg(&f).arg(home.join("g")).output().unwrap();
     assert!(cp.status.success() && cp.stderr.is_empty(), "{}", tests::shown(&cp));
@@ -782,8 +780,8 @@ fn paths_longer_than_path_max_work_at_every_depth() {
     // every namespace and attribute operation on a file and a directory.
     let script = format!(
         "set -e; cd {h}; i=0; while [ $i -lt 40 ]; do mkdir {n}; cd -P {n}; i=$((i+1)); done; \
-         echo one > f; echo two >> f; chmod 600 f; truncate -s 3 f; test \"$(cat f)\" = one; \
-         test \"$(stat -c %a:%s f)\" = 600:3; ln f g; mv g h; ln -s f l; test \"$(readlink l)\" = f; \
+         echo one > f; echo two >> f; chmod 600 f; chown 65534:65534 f; truncate -s 3 f; test \"$(cat f)\" = one; \
+         test \"$(stat -c %a:%s:%u f)\" = 600:3:65534; ln f g; mv g h; ln -s f l; test \"$(readlink l)\" = f; \
          mkdir d; rmdir d; mkfifo p; test -p p; rm f h l p; ls -A; echo end",
         h = s.p("home/0").display(),
         n = name
@@ -829,4 +827,55 @@ print("end")
     let out = Command::new("python3").args(["-c", script]).arg(s.p("home/0")).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && stdout == "end\n", "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// POSIX ACLs were refused with EOPNOTSUPP (`setfacl` failed on `home/` and `shared/`, `cp -a`
+/// dropped them). They are the kernel's to enforce and the backing file's to keep: set, read,
+/// copied, inherited from a default ACL, and granting access mode bits alone would not.
+#[test]
+fn posix_acls_round_trip_are_copied_inherited_and_enforced() {
+    let s = Served::start();
+    fs::create_dir_all(s.storage.join("home/0")).unwrap();
+    fs::set_permissions(s.storage.join("home/0"), fs::Permissions::from_mode(0o755)).unwrap();
+    let sh = |script: &str| {
+        let out = Command::new("sh").args(["-c", script]).current_dir(s.p("home/0")).output().unwrap();
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{script}: {said}{}", String::from_utf8_lossy(&out.stderr));
+        said
+    };
+    sh("umask 077; echo secret > f; setfacl -m u:65534:r f");
+    let acl = sh("getfacl -cpn f");
+    assert!(acl.contains("user:65534:r--"), "{acl}");
+    assert!(acl.contains("mask::r--"), "{acl}");
+    // Mode bits alone (0640 with mask r--) keep nobody out; the ACL lets it read.
+    let nobody = |script: &str| {
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--", "sh", "-c", script])
+            .current_dir(s.p("home/0"))
+            .output()
+            .unwrap()
+    };
+    let read = nobody("cat f");
+    assert_eq!(
+        String::from_utf8_lossy(&read.stdout),
+        "secret\n",
+        "{}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+    sh("setfacl -b f");
+    assert!(!nobody("cat f").status.success(), "without the ACL, mode 0600 refuses nobody");
+    // cp -a carries an ACL; the backing file holds it.
+    sh("setfacl -m u:65534:rw f; cp -a f g");
+    assert_eq!(sh("getfacl -cpn g"), sh("getfacl -cpn f"));
+    let backing = Command::new("getfacl").args(["-cpn"]).arg(s.storage.join("home/0/g")).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&backing.stdout), sh("getfacl -cpn f"));
+    // A default ACL is inherited by what is made below it, with no umask applied; without one,
+    // the creator's umask applies.
+    sh("mkdir d; setfacl -d -m u:65534:rwx d; umask 077; touch d/n; mkdir d/e; touch plain");
+    let n = sh("getfacl -cpn d/n");
+    // The default ACL's entries, masked by the mode asked for (0666): no umask.
+    assert!(n.contains("user:65534:rwx") && n.contains("mask::rw-"), "{n}");
+    assert!(sh("getfacl -cpn d/e").contains("default:"), "a directory inherits the default ACL as its own");
+    assert_eq!(fs::metadata(s.p("home/0/plain")).unwrap().mode() & 0o777, 0o600);
+    assert!(nobody("echo more >> d/n").status.success());
 }

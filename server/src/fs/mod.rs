@@ -392,6 +392,9 @@ pub struct CtxFs {
     /// limits name a disk ceiling.
     quotas: Arc<quota::Quotas>,
     quota: Option<Arc<quota::Account>>,
+    /// POSIX ACLs negotiated with the kernel (`FUSE_POSIX_ACL`, `FUSE_DONT_MASK`): the kernel
+    /// enforces them and leaves the umask to the server (see [`CtxFs::creation_mode`]).
+    acls: std::sync::atomic::AtomicBool,
 }
 
 /// The most bytes of one line of a session or object log written through any connection,
@@ -436,10 +439,15 @@ fn origin_of(rel: &Path) -> Option<String> {
     })
 }
 
+/// POSIX ACLs as extended attributes: the access ACL, and a directory's default one.
+const ACL_XATTRS: [&[u8]; 2] = [b"system.posix_acl_access", b"system.posix_acl_default"];
+
 fn data_xattr(name: &[u8]) -> io::Result<()> {
     if name.starts_with(b"user.cortexfs.") {
         Err(err(Why::Object))
-    } else if [&b"user."[..], b"security.", b"trusted."].iter().any(|p| name.starts_with(p)) {
+    } else if [&b"user."[..], b"security.", b"trusted."].iter().any(|p| name.starts_with(p))
+        || ACL_XATTRS.contains(&name)
+    {
         Ok(())
     } else {
         Err(err(Why::Unsupported))
@@ -714,6 +722,7 @@ impl CtxFs {
             ttl: config.cache_timeout,
             view_timeout: Duration::ZERO,
             zero_open: false,
+            acls: std::sync::atomic::AtomicBool::new(false),
             pieces: Mutex::default(),
             piece_bufs: Mutex::new(Vec::with_capacity(PIECE_BUFS)),
         })
@@ -1653,6 +1662,30 @@ impl CtxFs {
             self.is_known(parent, &rustix::fs::fstat(&dir).map_err(ioerr)?)?;
         }
         Ok((dir, leaf))
+    }
+
+    /// The mode a new entry of `dir` is made with, and whether a default ACL decides it: the
+    /// caller's `mode` less its `umask`, unless ACLs are negotiated and `dir` has a default ACL,
+    /// which then applies in place of the umask (the backing filesystem makes the entry's ACL
+    /// from it and `mode`, as POSIX.1e says).
+    fn creation_mode(&self, dir: &OwnedFd, mode: u32, umask: u32) -> (u32, bool) {
+        let mut acl = [0u8; 256];
+        let inherits = self.acls.load(Ordering::Relaxed)
+            && match rustix::fs::fgetxattr(dir, "system.posix_acl_default", &mut acl[..]) {
+                Ok(n) => n > 0,
+                Err(e) => e == rustix::io::Errno::RANGE,
+            };
+        if inherits { (mode & 0o7777, true) } else { (mode & !umask & 0o7777, false) }
+    }
+
+    /// The mode to hand a new entry over with (see [`give_to_caller`]): `mode`, or the one the
+    /// backing filesystem made from a default ACL (set again unchanged, so the ACL stays).
+    fn made_mode(
+        mode: u32,
+        inherits: bool,
+        made: impl FnOnce() -> io::Result<rustix::fs::Stat>,
+    ) -> io::Result<u32> {
+        if inherits { Ok(made()?.st_mode & 0o7777) } else { Ok(mode) }
     }
 
     fn new_child(&self, parent: u64, name: &CStr) -> io::Result<(PathBuf, Area)> {

@@ -19,6 +19,13 @@ impl FileSystem for CtxFs {
             // Pages outlive opens here: drop them when a refreshed mtime shows a change.
             want |= FsOptions::AUTO_INVAL_DATA;
         }
+        // POSIX ACLs: the kernel enforces them (with `default_permissions`, which every mount
+        // has) and caches them; the backing files keep them; the umask is applied here, where
+        // a parent's default ACL is known (`creation_mode`).
+        if capable.contains(FsOptions::POSIX_ACL | FsOptions::DONT_MASK) {
+            want |= FsOptions::POSIX_ACL | FsOptions::DONT_MASK;
+            self.acls.store(true, Ordering::Relaxed);
+        }
         Ok(capable & want)
     }
 
@@ -238,9 +245,12 @@ impl FileSystem for CtxFs {
         }
         let (dir, leaf) = self.dir_of(parent, &rel)?;
         let kind = rustix::fs::FileType::from_raw_mode(mode);
-        let mode = mode & !umask & 0o7777;
+        let (mode, inherits) = self.creation_mode(&dir, mode, umask);
         self.charged(|| {
             rustix::fs::mknodat(&dir, leaf, kind, Mode::from_raw_mode(mode), u64::from(rdev)).map_err(ioerr)
+        })?;
+        let mode = Self::made_mode(mode, inherits, || {
+            rustix::fs::statat(&dir, leaf, AtFlags::SYMLINK_NOFOLLOW).map_err(ioerr)
         })?;
         give_to_caller(ctx, &dir, leaf, None, Some(mode))?;
         self.lookup_backed(&rel, None)
@@ -253,8 +263,11 @@ impl FileSystem for CtxFs {
             return Err(err(Why::Object));
         }
         let (dir, leaf) = self.dir_of(parent, &rel)?;
-        let mode = mode & !umask & 0o7777;
+        let (mode, inherits) = self.creation_mode(&dir, mode, umask);
         self.charged(|| rustix::fs::mkdirat(&dir, leaf, Mode::from_raw_mode(mode)).map_err(ioerr))?;
+        let mode = Self::made_mode(mode, inherits, || {
+            rustix::fs::statat(&dir, leaf, AtFlags::SYMLINK_NOFOLLOW).map_err(ioerr)
+        })?;
         give_to_caller(ctx, &dir, leaf, None, Some(mode))?;
         self.lookup_backed(&rel, None)
     }
@@ -373,7 +386,7 @@ impl FileSystem for CtxFs {
                         | OFlags::EXCL
                         | OFlags::SYNC
                         | OFlags::DSYNC);
-                let mode = args.mode & !args.umask & 0o7777;
+                let (mode, inherits) = self.creation_mode(&dir, args.mode, args.umask);
                 let created = self.charged(|| {
                     rustix::fs::openat(
                         &dir,
@@ -385,6 +398,7 @@ impl FileSystem for CtxFs {
                 });
                 let fd = match created {
                     Ok(fd) => {
+                        let mode = Self::made_mode(mode, inherits, || rustix::fs::fstat(&fd).map_err(ioerr))?;
                         give_to_caller(ctx, &dir, leaf, Some(&fd), Some(mode))?;
                         fd
                     }
@@ -400,7 +414,7 @@ impl FileSystem for CtxFs {
                 (Handle::File(File::from(fd)), noflush())
             }
             Area::SessionLog => {
-                let mode = args.mode & !args.umask & 0o7777;
+                let (mode, inherits) = self.creation_mode(&dir, args.mode, args.umask);
                 let fd = self.charged(|| {
                     rustix::fs::openat(
                         &dir,
@@ -410,6 +424,7 @@ impl FileSystem for CtxFs {
                     )
                     .map_err(ioerr)
                 })?;
+                let mode = Self::made_mode(mode, inherits, || rustix::fs::fstat(&fd).map_err(ioerr))?;
                 give_to_caller(ctx, &dir, leaf, Some(&fd), Some(mode))?;
                 drop(fd);
                 (Handle::Log(self.log(&rel)?), OpenOptions::DIRECT_IO | noflush())
@@ -766,8 +781,9 @@ impl FileSystem for CtxFs {
     /// Data files take `user.*`, `security.*` and `trusted.*` attributes as the backing
     /// filesystem does (the kernel has checked the caller's permission and capabilities before
     /// the request arrives); CortexFS's own `user.cortexfs.*` and everything that is not data
-    /// stay read-only (EPERM). ACLs are refused (EOPNOTSUPP: not negotiated with the kernel, so
-    /// they would not be enforced), which `cp -a` and `mv` take as "not preserved".
+    /// stay read-only (EPERM). POSIX ACLs (`system.posix_acl_*`) are data's too: the kernel has
+    /// checked that the caller owns the file and enforces them from then on; the backing
+    /// filesystem keeps them and makes the mode follow.
     fn setxattr(&self, _ctx: &Context, ino: u64, name: &CStr, value: &[u8], flags: u32) -> io::Result<()> {
         self.stats.count("xattr");
         if name.to_bytes() == KIND_XATTR {
