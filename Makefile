@@ -3,7 +3,7 @@ SHELL := bash
 CARGO ?= cargo
 CTX := target/debug/ctx
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS := policy_v0 manifest control_files package_toml package_record context_pack mcp_frame mcp_config receipt_request control_request commit_evidence log_recovery queue_lease model_driver term_mode term_turn agent_socket journal_scan usage_lines oauth_redirect launch_profile
+FUZZ_TARGETS := policy_v0 manifest control_files package_toml package_record context_pack mcp_frame mcp_config receipt_request control_request commit_evidence log_recovery queue_lease model_driver term_mode term_turn agent_socket journal_scan usage_lines oauth_redirect launch_profile ring_entry classify_names
 
 PREFIX ?= /usr/local
 BINS := ctx tsh ctxterm cortexfs-core ctxmcp

@@ -1641,12 +1641,8 @@ impl CtxFs {
     }
 
     fn chown_to_caller(fd: &OwnedFd, ctx: &Context) -> io::Result<()> {
-        rustix::fs::fchown(
-            fd,
-            Some(rustix::fs::Uid::from_raw(ctx.uid)),
-            Some(rustix::fs::Gid::from_raw(ctx.gid)),
-        )
-        .map_err(ioerr)
+        let (uid, gid) = caller(ctx)?;
+        rustix::fs::fchown(fd, Some(uid), Some(gid)).map_err(ioerr)
     }
 
     /// The storage path of a new entry `name` in directory `parent`, with the area it would
@@ -1853,8 +1849,8 @@ fn give_to_caller(
     mode: Option<u32>,
 ) -> io::Result<()> {
     let setgid = rustix::fs::fstat(dir).map_err(ioerr)?.st_mode & libc::S_ISGID != 0;
-    let uid = Some(rustix::fs::Uid::from_raw(ctx.uid));
-    let gid = (!setgid).then(|| rustix::fs::Gid::from_raw(ctx.gid));
+    let (uid, gid) = caller(ctx)?;
+    let (uid, gid) = (Some(uid), (!setgid).then_some(gid));
     match file {
         Some(fd) => rustix::fs::fchown(fd, uid, gid),
         None => rustix::fs::chownat(dir, leaf, uid, gid, AtFlags::SYMLINK_NOFOLLOW),
@@ -1925,11 +1921,29 @@ fn open_existing(dir: &OwnedFd, leaf: &Path, flags: OFlags, ctx: &Context) -> io
 }
 
 /// The owner and group a SETATTR asks for.
-fn owner_of(attr: &stat64, valid: SetattrValid) -> (Option<rustix::fs::Uid>, Option<rustix::fs::Gid>) {
-    (
+type Owner2 = (Option<rustix::fs::Uid>, Option<rustix::fs::Gid>);
+
+/// The owner a SETATTR asks for. An id of -1 ("no change" to chown(2), never a real owner)
+/// is refused: the kernel never sends one, and no request makes the server act on it.
+fn owner_of(attr: &stat64, valid: SetattrValid) -> io::Result<Owner2> {
+    if (valid.contains(SetattrValid::UID) && attr.st_uid == u32::MAX)
+        || (valid.contains(SetattrValid::GID) && attr.st_gid == u32::MAX)
+    {
+        return Err(err(Why::Invalid));
+    }
+    Ok((
         valid.contains(SetattrValid::UID).then(|| rustix::fs::Uid::from_raw(attr.st_uid)),
         valid.contains(SetattrValid::GID).then(|| rustix::fs::Gid::from_raw(attr.st_gid)),
-    )
+    ))
+}
+
+/// The caller's uid and gid, as a new entry's owner: an id of -1 (no user at all) is refused
+/// before anything is made.
+pub(crate) fn caller(ctx: &Context) -> io::Result<(rustix::fs::Uid, rustix::fs::Gid)> {
+    if ctx.uid == u32::MAX || ctx.gid == u32::MAX {
+        return Err(err(Why::Invalid));
+    }
+    Ok((rustix::fs::Uid::from_raw(ctx.uid), rustix::fs::Gid::from_raw(ctx.gid)))
 }
 
 /// The access and modification times a SETATTR asks for.
@@ -1970,7 +1984,7 @@ fn set_file_attr(f: &File, attr: &stat64, valid: SetattrValid) -> io::Result<()>
             chmod_unfollowed(&fd, attr.st_mode & 0o7777)?;
         }
         if valid.intersects(SetattrValid::UID | SetattrValid::GID) {
-            let (uid, gid) = owner_of(attr, valid);
+            let (uid, gid) = owner_of(attr, valid)?;
             rustix::fs::chownat(&fd, "", uid, gid, AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW)
                 .map_err(ioerr)?;
         }
@@ -1989,7 +2003,7 @@ fn set_file_attr(f: &File, attr: &stat64, valid: SetattrValid) -> io::Result<()>
         rustix::fs::fchmod(f, Mode::from_raw_mode(attr.st_mode & 0o7777)).map_err(ioerr)?;
     }
     if valid.intersects(SetattrValid::UID | SetattrValid::GID) {
-        let (uid, gid) = owner_of(attr, valid);
+        let (uid, gid) = owner_of(attr, valid)?;
         rustix::fs::fchown(f, uid, gid).map_err(ioerr)?;
     }
     if valid.contains(SetattrValid::SIZE) {

@@ -189,7 +189,7 @@ impl FileSystem for CtxFs {
             chmod_unfollowed(&fd, attr.st_mode & 0o7777)?;
         }
         if valid.intersects(SetattrValid::UID | SetattrValid::GID) {
-            let (uid, gid) = owner_of(&attr, valid);
+            let (uid, gid) = owner_of(&attr, valid)?;
             rustix::fs::chownat(&dir, name, uid, gid, AtFlags::SYMLINK_NOFOLLOW).map_err(ioerr)?;
         }
         if valid.contains(SetattrValid::SIZE) {
@@ -219,6 +219,7 @@ impl FileSystem for CtxFs {
     }
 
     fn symlink(&self, ctx: &Context, linkname: &CStr, parent: u64, name: &CStr) -> io::Result<Entry> {
+        caller(ctx)?;
         let (rel, area) = self.new_child(parent, name)?;
         if area != Area::Data {
             return Err(err(Why::Object));
@@ -239,6 +240,7 @@ impl FileSystem for CtxFs {
         umask: u32,
     ) -> io::Result<Entry> {
         self.stats.count("create");
+        caller(ctx)?;
         let (rel, area) = self.new_child(parent, name)?;
         if area != Area::Data {
             return Err(err(Why::Object));
@@ -258,6 +260,7 @@ impl FileSystem for CtxFs {
 
     fn mkdir(&self, ctx: &Context, parent: u64, name: &CStr, mode: u32, umask: u32) -> io::Result<Entry> {
         self.stats.count("mkdir");
+        caller(ctx)?;
         let (rel, area) = self.new_child(parent, name)?;
         if area != Area::Data {
             return Err(err(Why::Object));
@@ -375,6 +378,7 @@ impl FileSystem for CtxFs {
         args: CreateIn,
     ) -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)> {
         self.stats.count("create");
+        caller(ctx)?;
         let (rel, area) = self.new_child(parent, name)?;
         let (dir, leaf) = self.dir_of(parent, &rel)?;
         let (h, opts) = match area {

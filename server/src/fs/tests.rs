@@ -105,3 +105,26 @@ fn origins_say_where_a_file_comes_from() {
     assert_eq!(o("model/p/m.d/status").as_deref(), Some("model:p/m"));
     assert_eq!(o("status"), None);
 }
+
+/// A request whose caller has the id -1 (none; found by the `ring_entry` fuzz target, where a
+/// MKDIR with uid -1 made the server panic) is refused before anything is made, and a SETATTR
+/// that asks for owner -1 likewise.
+#[test]
+fn a_caller_or_owner_of_id_minus_one_is_refused_and_nothing_is_made() {
+    let (dir, fs) = storage();
+    std::fs::create_dir_all(dir.path().join("home/0")).unwrap();
+    let home = look(&fs, "home/0");
+    let nobody = Context { uid: u32::MAX, gid: 0, pid: 1 };
+    let name = CString::new("d").unwrap();
+    let e = fs.mkdir(&nobody, home, &name, 0o755, 0).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(crate::errno::Why::Invalid.errno()));
+    let e = fs.symlink(&Context { uid: 0, gid: u32::MAX, pid: 1 }, &name, home, &name).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(crate::errno::Why::Invalid.errno()));
+    assert!(!dir.path().join("home/0/d").exists());
+    let d = fs.mkdir(&Context::default(), home, &name, 0o755, 0).unwrap();
+    let (mut attr, _) = fs.getattr(&Context::default(), d.inode, None).unwrap();
+    attr.st_uid = u32::MAX;
+    let valid = fuse_backend_rs::api::filesystem::SetattrValid::UID;
+    let e = fs.setattr(&Context::default(), d.inode, attr, None, valid).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(crate::errno::Why::Invalid.errno()));
+}

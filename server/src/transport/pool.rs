@@ -50,10 +50,9 @@ pub(crate) struct Conn {
     ring: Option<Load>,
 }
 
-#[cfg(test)]
 impl Conn {
     /// A connection to `fs` with no kernel behind it (its descriptor is `/dev/null`), for
-    /// serving requests in place.
+    /// serving requests in place (tests, the ring decoder's fuzz target).
     pub(crate) fn detached(fs: Arc<CtxFs>) -> Conn {
         let wire = Arc::clone(fs.wire());
         // root's: the null device

@@ -829,7 +829,7 @@ fn serve(
             let fd = a.conn.file.as_raw_fd();
             let Some(entry) = a.entries.get_mut(idx) else { continue };
             // None: a deferred write, answered through the mailbox once durable.
-            if let Some(commit_id) = handle(&a.conn, entry, ud, mailbox) {
+            if let Some(commit_id) = handle(&a.conn, entry.mem.bytes(), ud, Some(mailbox)) {
                 todo.push(command(fd, CMD_COMMIT_AND_FETCH, qid, commit_id, entry.iov.as_ptr(), ud));
             }
         }
@@ -873,18 +873,21 @@ fn set_ent(buf: &mut [u8], unique: u64, payload: usize) {
     buf[ENT..HEADER].copy_from_slice(ent.as_bytes());
 }
 
-/// Serves the request in `entry` (registered as `ud`) and leaves the reply there; returns the
-/// commit id (the request's `unique`). A WRITE to a log is not answered here: its bytes join
-/// the log's next batch, and the reply comes through `mailbox` once they are durable (None).
-fn handle(conn: &Conn, entry: &mut Entry, ud: u64, mailbox: &Mailbox) -> Option<u64> {
-    let buf = entry.mem.bytes();
+/// Serves the request in the entry `buf` (registered as `ud`) and leaves the reply there;
+/// returns the commit id (the request's `unique`). A WRITE to a log is not answered here: its
+/// bytes join the log's next batch, and the reply comes through `mailbox` once they are
+/// durable (None). Without a mailbox, every request is answered in place.
+fn handle(conn: &Conn, buf: &mut [u8], ud: u64, mailbox: Option<&Mailbox>) -> Option<u64> {
+    if buf.len() < HEADER + PAYLOAD {
+        return None;
+    }
     let mut inh = [0u8; IN_HEADER];
     inh.copy_from_slice(&buf[..IN_HEADER]);
     let h: InHeader = read(&inh)?;
     let ent: EntInOut = read(&buf[ENT..])?;
     let (unique, in_len) = (h.unique, h.len as usize);
     let payload = (ent.payload_sz as usize).min(PAYLOAD);
-    if h.opcode == OP_WRITE {
+    if let (OP_WRITE, Some(mailbox)) = (h.opcode, mailbox) {
         let mut head = [0u8; IN_HEADER + 40];
         head[..IN_HEADER].copy_from_slice(&inh);
         head[IN_HEADER..].copy_from_slice(&buf[IN_OUT..IN_OUT + 40]);
@@ -949,6 +952,27 @@ fn handle(conn: &Conn, entry: &mut Entry, ud: u64, mailbox: &Mailbox) -> Option<
     buf[..OUT_HEADER].copy_from_slice(&out);
     set_ent(buf, unique, data);
     Some(unique)
+}
+
+/// Serves `entry`, the bytes of a ring entry as the kernel fills one (its headers, then the
+/// payload buffer), on a filesystem of an empty storage of its own, as a ring worker would:
+/// the decoder's fuzz target. Whatever the bytes, it answers or refuses, and never panics.
+#[doc(hidden)]
+pub fn serve_entry_bytes(entry: &[u8]) -> Option<u64> {
+    static CONN: std::sync::OnceLock<Option<Conn>> = std::sync::OnceLock::new();
+    let conn = CONN
+        .get_or_init(|| {
+            // One storage, emptied at each start of the target.
+            let dir = std::env::temp_dir().join("cortexfs-ring-fuzz");
+            let _ = std::fs::remove_dir_all(&dir);
+            let fs = crate::CtxFs::new(crate::Config::new(dir, Vec::new())).ok()?;
+            Some(Conn::detached(Arc::new(fs)))
+        })
+        .as_ref()?;
+    let mut buf = vec![0u8; HEADER + PAYLOAD];
+    let n = entry.len().min(buf.len());
+    buf[..n].copy_from_slice(&entry[..n]);
+    handle(conn, &mut buf, 0, None)
 }
 
 #[cfg(test)]
