@@ -76,6 +76,8 @@ enum Command {
     /// Print where something is under /ctx (a shared space, a tool, an agent, a session).
     #[command(subcommand)]
     Path(cmd::path::Kind),
+    /// Every running agent at a glance, live, the most recently active first (q quits).
+    Top(cmd::top::Args),
     /// Print the daemon's status (its `status` file), readably or as JSON.
     Status {
         /// The host's /ctx mount.
@@ -172,6 +174,7 @@ fn main() -> ExitCode {
         Command::Completions(a) => cmd::complete::run(a),
         Command::Generate(a) => cmd::generate::run(a, <Cli as clap::CommandFactory>::command()),
         Command::Path(k) => cmd::path::run(k),
+        Command::Top(a) => cmd::top::run(a),
         Command::Status { ctx, json } => cmd::path::status(&ctx, json),
         Command::Tool { name, args } => cmd::tool::run(&name, &args),
         Command::ValidateName { name, mcp } => cmd::name::run(&name, mcp),

@@ -1962,3 +1962,105 @@ fn an_agent_over_its_disk_ceiling_gets_edquot_and_nobody_else_does() {
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(fs::metadata(w.s.storage.join("home/2000/big")).unwrap().len(), 2 << 20);
 }
+
+/// `ctx top` in a terminal (a tmux pane): every running agent of a 20-agent fleet, each a real
+/// sandbox idle in tsh; the one that makes a tool call comes first with its count and event;
+/// one that stops leaves the screen; `q` quits and leaves the terminal as it was.
+#[test]
+fn ctx_top_shows_the_running_fleet_by_activity_and_follows_a_stop() {
+    let w = World::new();
+    let (st, ctx) = (w.s.storage.to_str().unwrap().to_owned(), tests::bin("ctx"));
+    let s = session("top");
+    let mut fleet = vec!["coder".to_owned()];
+    for i in 1..20 {
+        let name = format!("fleet{i:02}");
+        let uid = (3000 + i).to_string();
+        let o = Command::new(&ctx)
+            .args(["agent", "new", &name, "--uid", &uid, "--gid", &uid, "--source", &st])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        fleet.push(name);
+    }
+    let start = |name: &str| {
+        let mut c = Command::new(&ctx);
+        c.args(["agent", "start", name, "--session", &s, "--ctx"])
+            .arg(&w.s.mnt)
+            .arg("--control")
+            .arg(&w.s.control);
+        if name == "coder" {
+            c.arg("--cwd").arg(&w.work);
+        } else {
+            c.arg("--no-default-workspace");
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{name}: {}", text(&o));
+    };
+    fleet.iter().for_each(|a| start(a));
+    let sock = w.s.dir.path().join("top.sock");
+    let o = tmux(&sock, &["-f", "/dev/null", "new-session", "-d", "-s", "t", "-x", "140", "-y", "40"]);
+    assert!(o.status.success(), "{}", text(&o));
+    tmux(&sock, &["set", "-g", "status", "off"]);
+    let dir = w.s.dir.path().to_path_buf();
+    let script = dir.join("top.sh");
+    fs::write(
+        &script,
+        format!(
+            "stty -g > {d}/before; {ctx} top --interval 200 --control {c}; st=$?; stty -g > {d}/after; \
+             echo \"status $st\" > {d}/status.tmp; mv {d}/status.tmp {d}/status; sleep 30\n",
+            d = dir.display(),
+            ctx = ctx.display(),
+            c = w.s.control.display()
+        ),
+    )
+    .unwrap();
+    tmux(&sock, &["respawn-pane", "-k", "-t", "t", &format!("sh {}", script.display())]);
+    let shown = |name: &str| screen(&sock).lines().any(|l| l.split_whitespace().next() == Some(name));
+    until_on(&sock, "every running agent", || fleet.iter().all(|a| shown(a)));
+    assert!(screen(&sock).contains("20 running"), "{}", screen(&sock));
+    // coder makes a tool call: it comes first, with its count and its event.
+    let sent = Command::new(&ctx)
+        .args(["agent", "send", "coder", "--session", &s, "fs.stat /workspace/a.txt", "--control"])
+        .arg(&w.s.control)
+        .output()
+        .unwrap();
+    assert!(sent.status.success(), "{}", text(&sent));
+    let first = || {
+        let sc = screen(&sock);
+        sc.lines().nth(2).map(str::to_owned).unwrap_or_default()
+    };
+    until_on(&sock, "coder first, with its tool call", || {
+        let l = first();
+        l.starts_with("coder") && l.contains("tool.call") && l.split_whitespace().any(|w| w == "1")
+    });
+    // fleet07 stops: it leaves the screen.
+    let o = Command::new(&ctx)
+        .args(["agent", "stop", "fleet07", "--session", &s, "--control"])
+        .arg(&w.s.control)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    until_on(&sock, "fleet07 gone", || !shown("fleet07") && screen(&sock).contains("19 running"));
+    tmux(&sock, &["send-keys", "-t", "t", "q"]);
+    until_on(&sock, "top to quit", || dir.join("status").exists());
+    assert_eq!(fs::read_to_string(dir.join("status")).unwrap(), "status 0\n");
+    assert_eq!(
+        fs::read_to_string(dir.join("before")).unwrap(),
+        fs::read_to_string(dir.join("after")).unwrap()
+    );
+    tmux(&sock, &["kill-server"]);
+    // Without a terminal it says to use --once, which prints the table.
+    let o = Command::new(&ctx).args(["top", "--control"]).arg(&w.s.control).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let o = Command::new(&ctx).args(["top", "--once", "--control"]).arg(&w.s.control).output().unwrap();
+    let table = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(table.starts_with("AGENT\tSESSION") && table.lines().count() == 20, "{table}");
+    for a in fleet.iter().filter(|a| *a != "fleet07") {
+        let o = Command::new(&ctx)
+            .args(["agent", "stop", a, "--session", &s, "--control"])
+            .arg(&w.s.control)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{a}: {}", text(&o));
+    }
+}

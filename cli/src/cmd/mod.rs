@@ -18,4 +18,5 @@ pub mod send;
 pub mod session;
 pub mod shared;
 pub mod tool;
+pub mod top;
 pub mod view;

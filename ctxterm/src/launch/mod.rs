@@ -50,7 +50,7 @@ use std::io;
 use std::path::PathBuf;
 
 pub use contract::{Contract, RESERVED_ENV, SANDBOX_UMASK, Start};
-pub use rundir::{RunInfo, exit_of, running, runs, stop};
+pub use rundir::{Activity, RunInfo, exit_of, running, runs, runs_watched, stop};
 pub use supervise::{start, start_owned, supervise};
 
 /// Exit codes (policy::exit).

@@ -302,20 +302,79 @@ pub struct RunInfo {
 /// How much of a session's `events.jsonl` `ctx agent ps` reads (its end).
 pub const ACTIVITY_TAIL: u64 = 1 << 20;
 
+/// What was read of each running session's `events.jsonl` ([`runs_watched`]): a watcher that
+/// asks again reads only what was appended since.
+#[derive(Debug, Default)]
+pub struct Activity {
+    seen: std::collections::HashMap<std::path::PathBuf, Seen>,
+    touched: std::collections::HashSet<std::path::PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+struct Seen {
+    /// The run's start it counts from, and how much of the file it has read.
+    since: Option<i64>,
+    len: u64,
+    calls: u64,
+    last: Option<(String, i64)>,
+}
+
 /// A running run's tool calls since `since` and its last event, from the end of its session's
-/// `events.jsonl`, read through the host's `/ctx` beneath the session directory.
-fn activity(c: &Contract, since: Option<i64>) -> (Option<u64>, Option<(String, i64)>) {
-    let Ok(events) = Tree::open(&c.session_dir(&c.ctx)).and_then(|t| t.tail("events.jsonl", ACTIVITY_TAIL))
+/// `events.jsonl`, read through the host's `/ctx` beneath the session directory; with `known`,
+/// only what was appended since it was last read.
+fn activity(c: &Contract, since: Option<i64>, known: &mut Activity) -> (Option<u64>, Option<(String, i64)>) {
+    use std::os::unix::fs::FileExt;
+    let dir = c.session_dir(&c.ctx);
+    let Ok(file) = Tree::open(&dir).and_then(|t| t.open_regular("events.jsonl", rustix::fs::OFlags::RDONLY))
     else {
         return (None, None);
     };
-    let cut = events.len() as u64 == ACTIVITY_TAIL;
-    let mut lines = events.split(|&b| b == b'\n').filter(|l| !l.is_empty());
-    if cut {
-        // The first line of a tail that starts mid-file is a piece of one.
-        lines.next();
-    }
-    let (mut calls, mut last) = (0u64, None);
+    // Read up to the length seen now; what is appended meanwhile waits for the next look.
+    let Ok(len) = file.metadata().map(|m| m.len()) else { return (None, None) };
+    let read_at = |from: u64| {
+        let mut b = vec![0u8; (len - from) as usize];
+        file.read_exact_at(&mut b, from).map(|()| b)
+    };
+    let before = known.seen.get(&dir).filter(|s| s.since == since && s.len <= len).cloned();
+    let seen = match before {
+        Some(s) if s.len == len => s,
+        // Appended since: read the new lines only (whole ones; a line being written waits).
+        Some(s) if len - s.len <= ACTIVITY_TAIL => {
+            let Ok(mut more) = read_at(s.len) else { return (None, None) };
+            let whole = more.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            more.truncate(whole);
+            let (mut calls, mut last) = (s.calls, s.last);
+            fold(more.split(|&b| b == b'\n').filter(|l| !l.is_empty()), since, &mut calls, &mut last);
+            Seen { since, len: s.len + whole as u64, calls, last }
+        }
+        _ => {
+            let start = len.saturating_sub(ACTIVITY_TAIL);
+            let Ok(events) = read_at(start) else { return (None, None) };
+            let cut = start > 0;
+            let whole = events.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            let mut lines = events[..whole].split(|&b| b == b'\n').filter(|l| !l.is_empty());
+            if cut {
+                // The first line of a tail that starts mid-file is a piece of one.
+                lines.next();
+            }
+            let (mut calls, mut last) = (0u64, None);
+            fold(lines, since, &mut calls, &mut last);
+            Seen { since, len: start + whole as u64, calls, last }
+        }
+    };
+    let out = (Some(seen.calls), seen.last.clone());
+    known.touched.insert(dir.clone());
+    known.seen.insert(dir, seen);
+    out
+}
+
+/// Counts the tool calls among `lines` since `since` and keeps the last event.
+fn fold<'a>(
+    lines: impl Iterator<Item = &'a [u8]>,
+    since: Option<i64>,
+    calls: &mut u64,
+    last: &mut Option<(String, i64)>,
+) {
     for l in lines {
         let Ok(v) = serde_json::from_slice::<serde_json::Value>(l) else { continue };
         let at = v["ts"]
@@ -325,13 +384,12 @@ fn activity(c: &Contract, since: Option<i64>) -> (Option<u64>, Option<(String, i
             .and_then(|d| i64::try_from(d.as_secs()).ok());
         let kind = v["type"].as_str().unwrap_or("?").to_owned();
         if kind == "tool.call" && at.zip(since).is_some_and(|(a, s)| a >= s) {
-            calls += 1;
+            *calls += 1;
         }
         if let Some(at) = at {
-            last = Some((kind, at));
+            *last = Some((kind, at));
         }
     }
-    (Some(calls), last)
 }
 
 impl RunInfo {
@@ -354,6 +412,12 @@ impl RunInfo {
 /// Every run the daemon of `control` knows of: those under way and those ended (each session's
 /// last, from the record of ended runs), sorted by agent and session.
 pub fn runs(control: &Path) -> Vec<RunInfo> {
+    runs_watched(control, &mut Activity::default())
+}
+
+/// [`runs`], for a watcher that asks again and again (`ctx top`): each session's events are
+/// read from where `known` left them.
+pub fn runs_watched(control: &Path, known: &mut Activity) -> Vec<RunInfo> {
     let mut out = Vec::new();
     let root = runtime::runs_root(control);
     // The ended ones, each session's last: from the daemon's record of ended runs.
@@ -378,7 +442,8 @@ pub fn runs(control: &Path) -> Vec<RunInfo> {
             // What runs: its contract (root's), its groups, its session's events.
             let contract = pid.and_then(|_| read_contract(&dir.join("contract.json")).ok());
             let usage = pid.map(|_| super::cgroups::usage(&format!("{agent_name}.{session}")));
-            let (tool_calls, last_event) = contract.as_ref().map_or((None, None), |c| activity(c, since));
+            let (tool_calls, last_event) =
+                contract.as_ref().map_or((None, None), |c| activity(c, since, known));
             out.push(RunInfo {
                 tool_calls,
                 last_event,
@@ -394,6 +459,9 @@ pub fn runs(control: &Path) -> Vec<RunInfo> {
         }
     }
     out.extend(last.into_values().map(RunInfo::ended));
+    // Sessions no run read this time are forgotten.
+    let touched = std::mem::take(&mut known.touched);
+    known.seen.retain(|p, _| touched.contains(p));
     out.sort_by(|x, y| (&x.agent, &x.session).cmp(&(&y.agent, &y.session)));
     out
 }
