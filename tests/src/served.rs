@@ -26,6 +26,8 @@ pub struct Served {
     pub args: Vec<String>,
     /// Variables of the daemon's environment (its agent sockets' runs inherit them).
     pub env: Vec<(String, String)>,
+    /// The storage is a filesystem of this test's own, unmounted after the daemon stops.
+    pub own_disk: bool,
 }
 
 impl Served {
@@ -54,7 +56,23 @@ impl Served {
         fs::create_dir(&mnt).expect("mount point");
         let control = dir.path().join("control.sock");
         let args = args.iter().map(|a| (*a).to_owned()).collect();
-        Served { child: None, storage, mnt, control, dir, args, env: Vec::new() }
+        Served { child: None, storage, mnt, control, dir, args, env: Vec::new(), own_disk: false }
+    }
+
+    /// Starts `ctx mount` on a storage that is a tmpfs of `size` of its own (a disk a test may
+    /// fill without touching the host's), gone when this is dropped.
+    pub fn start_on_own_disk(size: &str) -> Served {
+        let mut s = Served::unstarted(&[]);
+        fs::create_dir_all(&s.storage).expect("storage");
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "cortexfs-test"])
+            .arg(&s.storage)
+            .status()
+            .expect("mount");
+        assert!(mounted.success(), "a tmpfs of {size} for the storage");
+        s.own_disk = true;
+        s.spawn();
+        s
     }
 
     /// (Re)starts the daemon on the same storage and mount point.
@@ -147,6 +165,9 @@ impl Drop for Served {
     fn drop(&mut self) {
         self.stop();
         let _ = Command::new("umount").arg("-l").arg(&self.mnt).stderr(Stdio::null()).status();
+        if self.own_disk {
+            let _ = Command::new("umount").arg("-l").arg(&self.storage).stderr(Stdio::null()).status();
+        }
     }
 }
 

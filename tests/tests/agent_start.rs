@@ -22,8 +22,17 @@ struct World {
 
 impl World {
     fn new() -> World {
+        World::on(Served::start())
+    }
+
+    /// A world whose storage is a disk of its own of `size` (a test that writes without
+    /// bound fills that, never the host's).
+    fn on_own_disk(size: &str) -> World {
+        World::on(Served::start_on_own_disk(size))
+    }
+
+    fn on(s: Served) -> World {
         assert!(Path::new("/usr/bin/bwrap").exists(), "bubblewrap is required (make test installs it)");
-        let s = Served::start();
         let st = s.storage.to_str().unwrap().to_owned();
         let ctx = |args: &[&str]| {
             let o = Command::new(tests::bin("ctx")).args(args).output().unwrap();
@@ -1928,7 +1937,8 @@ fn oauth_login_keeps_tokens_in_the_store_and_a_run_refreshes_them() {
 /// on. (Every write here is a few MiB: nothing fills the host's disk if the ceiling failed.)
 #[test]
 fn an_agent_over_its_disk_ceiling_gets_edquot_and_nobody_else_does() {
-    let w = World::new();
+    // On a disk of the test's own: were the ceiling not kept, the agent fills that one.
+    let w = World::on_own_disk("2g");
     fs::write(w.s.storage.join("agent/coder.d/limits"), "disk=1M\nfiles=40\n").unwrap();
     let script = "h=/ctx/home/1000; \
          dd if=/dev/zero of=$h/big bs=64k count=32 2> /workspace/dd.err; echo $? > /workspace/dd.rc; \
