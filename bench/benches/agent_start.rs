@@ -49,7 +49,8 @@ fn main() {
     };
     let stop = |session: &str| {
         let st = Command::new(&ctx)
-            .args(["agent", "stop", "bench", "--session", session])
+            .args(["agent", "stop", "bench", "--session", session, "--control"])
+            .arg(&m.control)
             .stdout(Stdio::null())
             .status();
         assert!(st.is_ok_and(|s| s.success()), "stop {session}");
@@ -57,12 +58,27 @@ fn main() {
 
     let mut ready = Vec::new();
     let mut bare = Vec::new();
+    // Each start's steps, from its run directory's `timings` (the launcher's, then the
+    // supervisor's): step name, then milliseconds per round.
+    let mut steps: Vec<(String, Vec<f64>)> = Vec::new();
+    let run_dir = |session: &str| m.control.parent().expect("runtime").join("agent/bench").join(session);
     for i in 0..ROUNDS + 3 {
         let s = format!("r{i}");
         let t = Instant::now();
         assert!(start(&s).status().expect("spawn").success(), "start {s}");
         let e = t.elapsed().as_secs_f64() * 1e3;
+        let timings = std::fs::read_to_string(run_dir(&s).join("timings")).unwrap_or_default();
         stop(&s);
+        if i >= 3 {
+            for l in timings.lines() {
+                let Some((name, us)) = l.split_once(' ') else { continue };
+                let ms = us.parse::<f64>().unwrap_or(0.0) / 1e3;
+                match steps.iter_mut().find(|(n, _)| n == name) {
+                    Some((_, v)) => v.push(ms),
+                    None => steps.push((name.to_owned(), vec![ms])),
+                }
+            }
+        }
         let t = Instant::now();
         let st = Command::new("setpriv")
             .args(["--reuid=1000", "--regid=1000", "--clear-groups", "--", "bwrap", "--die-with-parent"])
@@ -107,6 +123,10 @@ fn main() {
     println!("{:<44} {r50:>8.1} {r99:>8.1}", "ctx agent start to a ready terminal");
     println!("{:<44} {b50:>8.1} {b99:>8.1}", "bare bwrap running /bin/true (floor)");
     println!("ready / bare at p50: {:.1}x", r50 / b50);
+    println!("where a start's time goes (p50 ms per step; sup-* are the supervisor's, from its own start):");
+    for (name, v) in &mut steps {
+        println!("  {name:<42} {:>8.2}", bench::pct(v, 0.5));
+    }
     println!(
         "{CONCURRENT} concurrent starts: all ready in {:.2} s, {:.1} agents/s",
         all,

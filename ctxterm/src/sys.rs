@@ -76,3 +76,43 @@ pub fn release_stop_signals() -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Arranges for `cmd`'s child to become the agent before it execs, as `setpriv --reuid
+/// --regid --groups|--clear-groups` did, in one process instead of a shell and setpriv: it moves
+/// itself into the groups whose `cgroup.procs` files are open as `procs` (writing 0, "this
+/// process"), takes `groups` (none: cleared), then `gid`, then `uid` (real, effective and
+/// saved, so root's capabilities go with root's uid), and finds `filter` (the seccomp program
+/// bwrap loads) as descriptor 3.
+#[allow(unsafe_code)]
+pub fn become_agent(
+    cmd: &mut Command,
+    procs: Vec<OwnedFd>,
+    (uid, gid, groups): (u32, u32, &[u32]),
+    filter: Option<OwnedFd>,
+) {
+    let groups: Vec<rustix::process::Gid> =
+        groups.iter().map(|g| rustix::process::Gid::from_raw(*g)).collect();
+    let (uid, gid) = (rustix::process::Uid::from_raw(uid), rustix::process::Gid::from_raw(gid));
+    // SAFETY: the closure runs in the forked child (one thread) before exec and makes only
+    // async-signal-safe system calls through rustix and libc (write, setgroups, setresgid,
+    // setresuid, dup2, fcntl) on values built before the fork; it allocates nothing. The ids
+    // set are per thread in the kernel, and the child has no other thread.
+    unsafe {
+        cmd.pre_exec(move || {
+            for p in &procs {
+                rustix::io::write(p, b"0").map_err(io::Error::from)?;
+            }
+            rustix::thread::set_thread_groups(&groups).map_err(io::Error::from)?;
+            rustix::thread::set_thread_res_gid(gid, gid, gid).map_err(io::Error::from)?;
+            rustix::thread::set_thread_res_uid(uid, uid, uid).map_err(io::Error::from)?;
+            if let Some(f) = &filter {
+                if f.as_raw_fd() == 3 {
+                    rustix::io::fcntl_setfd(f, rustix::io::FdFlags::empty()).map_err(io::Error::from)?;
+                } else if libc::dup2(f.as_raw_fd(), 3) != 3 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}

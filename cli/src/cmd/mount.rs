@@ -357,6 +357,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mount = pool
         .mount_host(Arc::new(fs), Arc::new(data), mp)
         .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("cannot mount {}: {e}", mp.display())))?;
+    // Agents start inside cgroups: moving their sandboxes there should not wait for the kernel.
+    match ctxterm::launch::cgroups::favor_migrations() {
+        Ok(true) => tracing::info!("cgroup moves favoured (favordynmods)"),
+        Ok(false) => {}
+        Err(e) => tracing::warn!(error = %e, "cgroup moves stay slow: favordynmods refused"),
+    }
     let dead = server::control::clean_dead_views(&policy::runtime::views_root(&a.control));
     if !dead.is_empty() {
         let shown: Vec<String> = dead.iter().map(|d| d.display().to_string()).collect();

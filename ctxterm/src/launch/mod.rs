@@ -7,7 +7,7 @@
 //! [`mod@supervise`] step runs the [`sandbox`] command line, as the agent's uid/gid/groups:
 //!
 //! ```text
-//! [sh: join cgroups] setpriv ... -- [pasta --config-net --] sh: seccomp on fd 3 -- bwrap
+//! (child: join cgroups, become the agent, filter on fd 3) [pasta --config-net -- sh: fds 3 4 --] bwrap
 //!   --seccomp 3 --disable-userns --die-with-parent --unshare-user --unshare-pid --unshare-ipc
 //!   --unshare-uts [--unshare-net] --ro-bind /usr /usr ... --bind VIEW /ctx
 //!   --bind WORKSPACE /workspace --bind TERM /run/cortexfs/terminal --clearenv --setenv ...
@@ -122,7 +122,7 @@ pub enum Error {
     #[error("seccomp: {0}")]
     Seccomp(String),
     /// The sandbox could not be started (69).
-    #[error("setpriv/bwrap: {0}")]
+    #[error("the sandbox (bwrap): {0}")]
     Spawn(io::Error),
     /// The terminal did not answer (69).
     #[error("the terminal did not answer on {0}")]

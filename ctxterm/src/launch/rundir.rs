@@ -165,6 +165,42 @@ fn at(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
 /// Makes the run directory of `c` afresh: its socket directories are the agent's (0700), and
 /// the directories above them can be passed through but not listed (0711). Refused while the
 /// run is under way.
+/// How long each step of a start took, kept in the run's directory (`timings`): one `STEP
+/// MICROSECONDS` line per step, the launcher's then the supervisor's (its own clock from its
+/// start), for `agent_start`'s breakdown and for an operator asking why a start was slow.
+#[derive(Debug)]
+pub struct Timings {
+    at: Instant,
+    lines: String,
+}
+
+impl Default for Timings {
+    fn default() -> Timings {
+        Timings { at: Instant::now(), lines: String::new() }
+    }
+}
+
+impl Timings {
+    /// The step `name` ended now.
+    pub fn step(&mut self, name: &str) {
+        let now = Instant::now();
+        self.lines.push_str(&format!("{name} {}\n", now.duration_since(self.at).as_micros()));
+        self.at = now;
+    }
+
+    /// Adds the steps so far to the run directory's `timings`.
+    pub fn keep(&mut self, runtime: &Path) {
+        let lines = std::mem::take(&mut self.lines);
+        let flags = rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::APPEND | rustix::fs::OFlags::CREATE;
+        if let Ok(mut f) = Tree::open(runtime).and_then(|t| t.file(TIMINGS, flags, 0o600)) {
+            let _ = f.write_all(lines.as_bytes());
+        }
+    }
+}
+
+/// The file of a run's directory that holds its start's [`Timings`].
+pub const TIMINGS: &str = "timings";
+
 pub fn prepare(c: &Contract) -> Result<()> {
     if let Some(pid) = supervisor(&c.runtime) {
         return Err(Error::State(format!("agent {} session {} is running (pid {pid})", c.agent, c.session)));

@@ -1,6 +1,7 @@
-//! The sandbox command line: a shell that joins the run's cgroups, `setpriv` to the agent's
-//! uid, gid and groups, `pasta` when the policy grants a network, a shell that hands bwrap the
-//! [`seccomp`](super::seccomp) filter on descriptor 3, and `bwrap` with the binds and the
+//! The sandbox command line: a child that moves itself into the run's cgroups and becomes the
+//! agent (its uid, gid and groups; `crate::sys::become_agent`), then `pasta` when the policy
+//! grants a network, `bwrap` with the [`seccomp`](super::seccomp) filter on descriptor 3 (handed
+//! over by a shell only where pasta or the key's FIFO needs one), the binds and the
 //! environment of the contract, running `ctxterm` on the terminal socket.
 //!
 //! Binds bwrap cannot flag are prepared first in the run directory ([`binds`]):
@@ -71,53 +72,65 @@ fn table(c: &Contract) -> Result<Vec<(PathBuf, PathBuf, bool)>> {
 /// `procs`. Prepares the binds and the seccomp filter in the run directory; sets the umask
 /// the sandbox inherits.
 pub fn command(c: &Contract, procs: &[PathBuf]) -> Result<Command> {
-    let procs: Vec<String> = procs.iter().map(|p| p.display().to_string()).collect();
-    // The sandbox starts inside its groups: a shell joins them, then execs setpriv.
-    let mut cmd = if procs.is_empty() {
-        Command::new("setpriv")
-    } else {
-        let mut sh = Command::new("/bin/sh");
-        sh.args(["-c", "IFS=:; for p in $0; do echo $$ > \"$p\" || exit 69; done; unset IFS; exec \"$@\""])
-            .arg(procs.join(":"))
-            .arg("setpriv");
-        sh
-    };
-    cmd.arg(format!("--reuid={}", c.uid)).arg(format!("--regid={}", c.gid));
-    if c.groups.is_empty() {
-        cmd.arg("--clear-groups");
-    } else {
-        let g: Vec<String> = c.groups.iter().map(u32::to_string).collect();
-        cmd.arg(format!("--groups={}", g.join(",")));
-    }
-    // No --no-new-privs here: pasta needs to map its namespace first; bwrap sets no_new_privs
-    // for everything in the sandbox (checked by the tests).
-    cmd.arg("--");
-    if c.network {
-        cmd.args(["pasta", "--config-net", "--quiet", "--"]);
-    } else if let Some(port) = c.egress {
-        // No network but the model: a namespace with only loopback, where pasta splices this
-        // one port to the host's loopback (and nothing else: no address, no route, no other
-        // forwarded port).
-        cmd.args(["pasta", "--quiet", "-t", "none", "-u", "none", "-U", "none", "-T"]).arg(port.to_string());
-        cmd.arg("--");
-    }
+    // The groups' `cgroup.procs`, opened here: the child writes itself into them before it
+    // execs anything, so the sandbox starts inside its groups.
+    let procs = procs
+        .iter()
+        .map(|p| {
+            // root's: the host's cgroup files of this run
+            let f = std::fs::OpenOptions::new().write(true).open(p);
+            f.map(std::os::fd::OwnedFd::from).map_err(|e| Error::Cgroups(format!("{}: {e}", p.display())))
+        })
+        .collect::<Result<Vec<_>>>()?;
     let workspace = workspace(c)?;
-    // The seccomp filter reaches bwrap as descriptor 3, opened by a shell right before it execs
-    // bwrap (pasta, when it runs, closes the descriptors it inherits).
     let filter = c.runtime.join("seccomp.bpf");
     let program = super::seccomp::program().map_err(|e| Error::Seccomp(e.to_string()))?;
     // root's: the run directory
     std::fs::write(&filter, program).map_err(run_io(&filter))?;
-    if c.key_env.is_some() {
-        // The key's FIFO (the supervisor writes the key once, when this opens it) becomes
-        // descriptor 4, which bwrap passes on to ctxterm.
-        cmd.args(["/bin/sh", "-c", "f=$0 k=$1; shift; exec \"$@\" 3<\"$f\" 4<\"$k\""])
-            .arg(&filter)
-            .arg(key_fifo(c));
+    // The child becomes the agent itself (no shell, no setpriv). No no_new_privs here: pasta
+    // needs to map its namespace first; bwrap sets no_new_privs for everything in the sandbox
+    // (checked by the tests). pasta closes the descriptors it inherits, and the key's FIFO is
+    // opened only when the supervisor writes it: then a shell after pasta opens the filter as
+    // descriptor 3 and the FIFO as 4 right before it execs bwrap; otherwise the filter is
+    // descriptor 3 from the start, and bwrap is the first program.
+    let pasta = c.network || c.egress.is_some();
+    let direct = !pasta && c.key_env.is_none();
+    let mut cmd = Command::new(if pasta {
+        "pasta"
+    } else if direct {
+        "bwrap"
     } else {
-        cmd.args(["/bin/sh", "-c", "exec \"$@\" 3<\"$0\""]).arg(&filter);
+        "/bin/sh"
+    });
+    if c.network {
+        cmd.args(["--config-net", "--quiet", "--"]);
+    } else if let Some(port) = c.egress {
+        // No network but the model: a namespace with only loopback, where pasta splices this
+        // one port to the host's loopback (and nothing else: no address, no route, no other
+        // forwarded port).
+        cmd.args(["--quiet", "-t", "none", "-u", "none", "-U", "none", "-T"]).arg(port.to_string());
+        cmd.arg("--");
     }
-    cmd.arg("bwrap").args([
+    let mut filter_fd = None;
+    if direct {
+        // root's: the run directory
+        let f = std::fs::File::open(&filter).map_err(run_io(&filter))?;
+        filter_fd = Some(std::os::fd::OwnedFd::from(f));
+    } else {
+        if pasta {
+            cmd.arg("/bin/sh");
+        }
+        if c.key_env.is_some() {
+            // The key's FIFO (the supervisor writes the key once, when this opens it) becomes
+            // descriptor 4, which bwrap passes on to ctxterm.
+            cmd.args(["-c", "f=$0 k=$1; shift; exec \"$@\" 3<\"$f\" 4<\"$k\""]).arg(&filter).arg(key_fifo(c));
+        } else {
+            cmd.args(["-c", "exec \"$@\" 3<\"$0\""]).arg(&filter);
+        }
+        cmd.arg("bwrap");
+    }
+    crate::sys::become_agent(&mut cmd, procs, (c.uid, c.gid, &c.groups), filter_fd);
+    cmd.args([
         "--seccomp",
         "3",
         "--disable-userns",

@@ -19,6 +19,7 @@ use policy::runtime::ControlRequest;
 use serde_json::json;
 
 use super::receipt::{self, Children, Run};
+use super::rundir::Timings;
 use super::{Contract, Error, Result, Start, cgroups, contract, rundir, sandbox, session, view};
 use crate::beneath::Tree;
 
@@ -47,15 +48,18 @@ pub fn code_of(status: std::process::ExitStatus) -> i32 {
 /// Prepares the run of `s` and starts its supervisor; returns the contract and the supervisor.
 /// A start that fails removes what it made: the view, and the run's directory (unless another
 /// start of the session got its supervisor going meanwhile).
-fn spawn(s: &Start) -> Result<(Contract, std::process::Child)> {
-    spawn_run(s).inspect_err(|e| refused(&s.ctx, &s.agent, &s.session, &e.to_string(), i32::from(e.code())))
+fn spawn(s: &Start, t: &mut Timings) -> Result<(Contract, std::process::Child)> {
+    spawn_run(s, t)
+        .inspect_err(|e| refused(&s.ctx, &s.agent, &s.session, &e.to_string(), i32::from(e.code())))
 }
 
-fn spawn_run(s: &Start) -> Result<(Contract, std::process::Child)> {
+fn spawn_run(s: &Start, t: &mut Timings) -> Result<(Contract, std::process::Child)> {
     let c = contract::derive(s)?;
+    t.step("contract");
     rundir::prepare(&c)?;
+    t.step("rundir");
     let mut view_made = false;
-    match launch(s, &c, &mut view_made) {
+    match launch(s, &c, &mut view_made, t) {
         Ok(child) => Ok((c, child)),
         Err(e) => {
             if view_made {
@@ -74,7 +78,7 @@ fn spawn_run(s: &Start) -> Result<(Contract, std::process::Child)> {
 
 /// The part of [`spawn`] after the run's directory is made: the session, the home, the view
 /// (`view_made` set once it exists), the contract, the supervisor.
-fn launch(s: &Start, c: &Contract, view_made: &mut bool) -> Result<std::process::Child> {
+fn launch(s: &Start, c: &Contract, view_made: &mut bool, t: &mut Timings) -> Result<std::process::Child> {
     // The session, in the agent's home, owned by the agent.
     let cwd = if c.workspace.is_some() { "/workspace" } else { "/" };
     session::prepare(
@@ -86,10 +90,12 @@ fn launch(s: &Start, c: &Contract, view_made: &mut bool) -> Result<std::process:
         cwd,
         &c.runtime.join("term/main.sock"),
     )?;
+    t.step("session");
     // The agent's persistent home, with what its profile keeps there.
     if c.home.is_some() {
         let h = session::prepare_home(&s.ctx, c.uid, c.gid, &c.agent)?;
         prepare_profile(&h, c).map_err(|source| Error::Session { path: h.clone(), source })?;
+        t.step("home");
     }
     for w in &c.warnings {
         eprintln!("ctx: warning: agent {}: {w}", c.agent);
@@ -119,6 +125,7 @@ fn launch(s: &Start, c: &Contract, view_made: &mut bool) -> Result<std::process:
         },
     )?;
     *view_made = true;
+    t.step("view");
     // A command of its own gets a writable /ctx only once the view is seen to be one: a
     // read-write CortexFS FUSE mount whose daemon says so, for this run.
     if !c.records_only
@@ -126,6 +133,7 @@ fn launch(s: &Start, c: &Contract, view_made: &mut bool) -> Result<std::process:
     {
         return Err(Error::Unavailable(format!("the view at {}: {why}", c.view.display())));
     }
+    t.step("view-check");
     // Run state is root's: the contract names the command line, which other users have no
     // business reading; it goes when the run ends.
     let contract_file = rundir::write_contract(c)?;
@@ -156,6 +164,7 @@ fn launch(s: &Start, c: &Contract, view_made: &mut bool) -> Result<std::process:
         sup.env_remove(v);
     }
     let mut child = sup.spawn().map_err(|e| Error::Supervise(format!("starting the supervisor: {e}")))?;
+    t.step("supervisor-spawn");
     drop(key_pipe);
     if let Err(e) = rundir::write_pid(c, child.id()) {
         // A supervisor that ran its whole run already took its directory with it.
@@ -373,7 +382,9 @@ fn ready(c: &Contract, child: &mut std::process::Child, wait: bool) -> Result<Re
         if t.elapsed() > Duration::from_secs(15) {
             return Err(Error::NoAnswer(sock));
         }
-        std::thread::sleep(Duration::from_millis(5));
+        // A connect that is refused costs microseconds: looking every millisecond answers a
+        // start as soon as its terminal does.
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -390,7 +401,9 @@ fn ended_at_once(c: &Contract, pid: u32) -> Error {
 /// Starts the run of `s` for the receipt server (`agent.start`): returns its supervisor, a
 /// child of the caller's, once the terminal answers.
 pub fn start_owned(s: &Start) -> Result<std::process::Child> {
-    let (c, mut child) = spawn(s)?;
+    let mut t = Timings::default();
+    let (c, mut child) = spawn(s, &mut t)?;
+    t.keep(&c.runtime);
     match ready(&c, &mut child, false)? {
         Ready::Up(_) | Ready::Ended(Some(0)) => Ok(child),
         Ready::Ended(_) => Err(ended_at_once(&c, child.id())),
@@ -416,7 +429,8 @@ pub enum Started {
 /// Starts the run of `s`. With `s.wait`, copies the terminal's output to `out` until it ends
 /// and fails with [`Error::Status`] when its status is not 0.
 pub fn start(s: &Start, out: &mut dyn Write) -> Result<Started> {
-    let (c, mut child) = spawn(s)?;
+    let mut t = Timings::default();
+    let (c, mut child) = spawn(s, &mut t)?;
     if c.headless {
         // The command ran on our streams; its status is the run's.
         let st = child.wait()?;
@@ -427,7 +441,12 @@ pub fn start(s: &Start, out: &mut dyn Write) -> Result<Started> {
     }
     let sock = c.runtime.join("term/main.sock");
     let watcher = match ready(&c, &mut child, s.wait)? {
-        Ready::Up(w) => w,
+        Ready::Up(w) => {
+            // The wait covers the supervisor's steps (its own lines) and the sandbox's start.
+            t.step("ready");
+            t.keep(&c.runtime);
+            w
+        }
         Ready::Ended(Some(0)) if s.wait => return Ok(Started::Ended),
         Ready::Ended(Some(code)) if s.wait => return Err(Error::Status(code)),
         Ready::Ended(_) => return Err(ended_at_once(&c, child.id())),
@@ -461,15 +480,17 @@ pub fn supervise(contract_file: &Path, key_fd: Option<i32>) -> Result<i32> {
         signal_hook::low_level::pipe::register(sig, w).map_err(|e| fail("signals", e))?;
     }
     drop(signalled);
+    let mut t = Timings::default();
     let mut c = rundir::read_contract(contract_file)?;
     rundir::write_pid(&c, std::process::id())?;
+    t.step("sup-contract");
     // What the sandbox leaves when its first process goes (a namespace's init whose parent
     // died before it could ask to die with it) comes here, not to init.
     rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
         .map_err(|e| fail("PR_SET_CHILD_SUBREAPER", e.into()))?;
     crate::sys::release_stop_signals().map_err(|e| fail("signals", e))?;
     let mut groups = None;
-    let r = serve_run(&mut c, key_fd, signals, &mut groups);
+    let r = serve_run(&mut c, key_fd, signals, &mut groups, &mut t);
     let code = match &r {
         Ok(code) => *code,
         Err(e) => {
@@ -512,6 +533,7 @@ fn serve_run(
     key_fd: Option<i32>,
     signals: std::os::fd::OwnedFd,
     groups: &mut Option<cgroups::Groups>,
+    t: &mut Timings,
 ) -> Result<i32> {
     let fail = |what: &str, e: std::io::Error| Error::Supervise(format!("{what}: {e}"));
     let key = match key_fd {
@@ -553,16 +575,19 @@ fn serve_run(
     let children = Children::default();
     receipt::serve(run.clone(), &c.runtime.join("receipt/main.sock"), children.clone())
         .map_err(|e| fail("the receipt socket", e))?;
+    t.step("sup-receipt");
     let limits =
         policy::limits::Limits { memory: c.memory, pids: c.pids, cpu: c.cpu, disk: None, files: None };
     let groups = groups.insert(
         cgroups::create(&format!("{}.{}", c.agent, c.session), &limits)
             .map_err(|e| Error::Cgroups(e.to_string()))?,
     );
+    t.step("sup-cgroups");
     if let Some(u) = c.proxy.clone() {
         proxy(c, &u)?;
     }
     let mut cmd = sandbox::command(c, &groups.procs())?;
+    t.step("sup-sandbox-command");
     if let Some((i, o, e)) = streams {
         cmd.stdin(Stdio::from(i)).stdout(Stdio::from(o)).stderr(Stdio::from(e));
     }
@@ -570,6 +595,8 @@ fn serve_run(
         serve_key(c, k)?;
     }
     let mut child = cmd.spawn().map_err(Error::Spawn)?;
+    t.step("sup-sandbox-spawn");
+    t.keep(&c.runtime);
     let started = Instant::now();
     object_log(
         c,
