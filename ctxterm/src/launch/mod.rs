@@ -11,7 +11,8 @@
 //!   --seccomp 3 --disable-userns --die-with-parent --unshare-user --unshare-pid --unshare-ipc
 //!   --unshare-uts [--unshare-net] --ro-bind /usr /usr ... --bind VIEW /ctx
 //!   --bind WORKSPACE /workspace --bind TERM /run/cortexfs/terminal --clearenv --setenv ...
-//!   -- /ctx/bin/ctxterm --socket /run/cortexfs/terminal/main.sock -- CMD
+//!   --ro-bind CTXTERM /run/cortexfs/ctxterm
+//!   -- /run/cortexfs/ctxterm --socket /run/cortexfs/terminal/main.sock -- CMD
 //! ```
 //!
 //! and serves the run's [`receipt`] socket. The sandbox is set up by bwrap running as the
