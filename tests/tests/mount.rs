@@ -879,3 +879,100 @@ fn posix_acls_round_trip_are_copied_inherited_and_enforced() {
     assert_eq!(fs::metadata(s.p("home/0/plain")).unwrap().mode() & 0o777, 0o600);
     assert!(nobody("echo more >> d/n").status.success());
 }
+
+/// A test suite that mounts its own instance could not use a data area as its test directory:
+/// `-o source=` was refused, the mount's root was read-only, and three mounts of one storage
+/// were three daemons. `-o area=` mounts one data area as a mount of its own, writable at its
+/// root, every such mount of a storage served by the one daemon that serves it.
+#[test]
+fn mount_8_mounts_a_data_area_writable_at_its_root_from_the_storages_one_daemon() {
+    let helper = Path::new("/usr/sbin/mount.fuse.cortexfs");
+    if !helper.exists() {
+        std::os::unix::fs::symlink(tests::bin("ctx"), helper).unwrap();
+    }
+    let s = Served::start();
+    fs::create_dir_all(s.storage.join("home/0")).unwrap();
+    fs::create_dir_all(s.storage.join("shared/p")).unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let at = |n: &str| d.path().join(n);
+    let mount = |area: &str, dir: &Path| {
+        fs::create_dir_all(dir).unwrap();
+        Command::new("mount")
+            .args(["-t", "fuse.cortexfs", "-o"])
+            .arg(format!("area={area}"))
+            .arg(&s.storage)
+            .arg(dir)
+            .output()
+            .unwrap()
+    };
+    for (area, dir) in [("home/0", at("a")), ("shared/p", at("b")), ("home/0", at("c"))] {
+        let o = mount(area, &dir);
+        assert!(o.status.success(), "{area}: {}", tests::shown(&o));
+    }
+    // Of the type a harness looks for, writable at its root, the storage's own files.
+    let findmnt = Command::new("findmnt").args(["-n", "-o", "FSTYPE,OPTIONS"]).arg(at("a")).output().unwrap();
+    let shown = String::from_utf8_lossy(&findmnt.stdout).into_owned();
+    assert!(
+        shown.starts_with("fuse.cortexfs") && shown.contains("nosuid") && shown.contains("nodev"),
+        "{shown}"
+    );
+    fs::create_dir(at("a/made")).unwrap();
+    fs::write(at("a/made/f"), "through the area\n").unwrap();
+    assert_eq!(fs::read_to_string(s.storage.join("home/0/made/f")).unwrap(), "through the area\n");
+    assert_eq!(fs::read_to_string(at("c/made/f")).unwrap(), "through the area\n");
+    fs::write(at("b/g"), "shared\n").unwrap();
+    assert_eq!(fs::read_to_string(s.p("shared/p/g")).unwrap(), "shared\n");
+    // One daemon serves the storage: no other started for these mounts.
+    let daemons = Command::new("pgrep")
+        .arg("-fc")
+        .arg(format!("mount --source {}", s.storage.display()))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&daemons.stdout).trim(), "1");
+    // Unmounting one area leaves the others and the daemon.
+    assert!(Command::new("umount").arg(at("a")).status().unwrap().success());
+    assert_eq!(fs::read_to_string(at("c/made/f")).unwrap(), "through the area\n");
+    assert!(fs::read(s.p("status")).is_ok());
+    for dir in ["b", "c"] {
+        assert!(Command::new("umount").arg(at(dir)).status().unwrap().success());
+    }
+    // What is not a data area, or not there, is refused.
+    fs::create_dir_all(at("x")).unwrap();
+    for (area, code) in [("tool", 2), ("home", 2), ("../x", 2), ("home/4242", 1)] {
+        let o = Command::new(helper)
+            .arg(&s.storage)
+            .arg(at("x"))
+            .arg("-o")
+            .arg(format!("area={area}"))
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(code), "{area}: {}", tests::shown(&o));
+    }
+    // A storage no daemon serves: one is started for it, on a mount point of its own, and
+    // stays when the area goes; unmounting that stops it.
+    let s2 = d.path().join("s2");
+    fs::create_dir_all(s2.join("home/0")).unwrap();
+    let control = d.path().join("s2.sock");
+    fs::create_dir_all(at("y")).unwrap();
+    let o = Command::new("mount")
+        .args(["-t", "fuse.cortexfs", "-o"])
+        .arg(format!("area=home/0,control={}", control.display()))
+        .arg(&s2)
+        .arg(at("y"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", tests::shown(&o));
+    fs::write(at("y/f"), "second\n").unwrap();
+    assert_eq!(fs::read_to_string(s2.join("home/0/f")).unwrap(), "second\n");
+    assert!(Command::new("umount").arg(at("y")).status().unwrap().success());
+    let canon = fs::canonicalize(&s2).unwrap().to_string_lossy().into_owned();
+    let name: String = canon.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    let private = Path::new("/run/cortexfs/storage").join(name);
+    assert!(private.join("status").is_file(), "the daemon stays at {}", private.display());
+    assert!(Command::new("umount").arg("-R").arg(&private).status().unwrap().success());
+    let t = std::time::Instant::now();
+    while control.exists() && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!control.exists(), "the daemon stopped with its mount");
+}

@@ -153,15 +153,17 @@ pub fn helper(args: &[String]) -> anyhow::Result<()> {
         }
     }
     let [source, dir] = positional.as_slice() else { return Err(usage().into()) };
-    let mut daemon = vec!["mount".to_owned(), "--source".to_owned(), source.clone(), dir.clone()];
-    let mut control = PathBuf::from(server::control::DEFAULT_SOCKET);
+    let mut daemon = vec!["mount".to_owned(), "--source".to_owned(), source.clone()];
+    let mut control = None;
+    let mut area = None;
     for o in options.iter().filter(|o| !o.is_empty()) {
         let (k, v) = o.split_once('=').map_or((o.as_str(), None), |(k, v)| (k, Some(v)));
         match (k, v) {
             ("control", Some(v)) => {
-                control = PathBuf::from(v);
+                control = Some(PathBuf::from(v));
                 daemon.extend(["--control".to_owned(), v.to_owned()]);
             }
+            ("area", Some(v)) => area = Some(v.to_owned()),
             ("cache_timeout" | "threads" | "transport", Some(v)) => {
                 daemon.push(format!("--{}", k.replace('_', "-")));
                 daemon.push(v.to_owned());
@@ -174,7 +176,102 @@ pub fn helper(args: &[String]) -> anyhow::Result<()> {
             _ => return Err(Exit::new(exit::INVALID, format!("-o {o}: not an option of cortexfs")).into()),
         }
     }
-    let mp = Path::new(dir);
+    if let Some(area) = area {
+        return mount_area(source, Path::new(dir), &area, daemon, control);
+    }
+    daemon.push(dir.clone());
+    start_daemon(
+        &daemon,
+        Path::new(dir),
+        &control.unwrap_or_else(|| PathBuf::from(server::control::DEFAULT_SOCKET)),
+    )
+}
+
+/// `-o area=REL`: the data area `REL` of STORAGE (`home/<uid>[/...]` or `shared/<space>[/...]`)
+/// mounted at `dir` as a mount of its own, writable at its root, for a program (a test suite)
+/// that mounts its own instance: a bind of that directory of the daemon that serves STORAGE,
+/// so that every such mount of one storage is served by one daemon. Where no daemon serves it,
+/// one is started on a mount point of its own under `/run/cortexfs/storage/` (it stops when
+/// that is unmounted). `umount dir` takes the area away and leaves the daemon.
+fn mount_area(
+    source: &str,
+    dir: &Path,
+    area: &str,
+    mut daemon: Vec<String>,
+    control: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let bad = |why: String| Exit::new(exit::INVALID, format!("-o area={area}: {why}"));
+    let parts: Vec<&str> = area.split('/').collect();
+    if policy::path::check_relative(area).is_err()
+        || parts.len() < 2
+        || !["home", "shared"].contains(&parts[0])
+    {
+        return Err(
+            bad("a data area is home/<uid> or shared/<space>, or a directory below one".into()).into()
+        );
+    }
+    let storage = std::fs::canonicalize(source)
+        .map_err(|e| Exit::new(exit::INVALID, format!("storage {source}: {e}")))?;
+    let served = served_at(&storage);
+    let root = match served {
+        Some(m) => m,
+        None => {
+            let name: String = storage
+                .to_string_lossy()
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                .collect();
+            let base = Path::new(policy::runtime::RUN_ROOT).join("storage");
+            let mp = base.join(&name);
+            std::fs::create_dir_all(&mp)?;
+            let control = control.unwrap_or_else(|| base.join(format!("{name}.sock")));
+            if !daemon.iter().any(|a| a == "--control") {
+                daemon.extend(["--control".to_owned(), control.display().to_string()]);
+            }
+            daemon.push(mp.display().to_string());
+            start_daemon(&daemon, &mp, &control)?;
+            mp
+        }
+    };
+    let from = root.join(area);
+    if !std::fs::metadata(&from).is_ok_and(|m| m.is_dir()) {
+        return Err(Exit::new(
+            exit::FAILURE,
+            format!("-o area={area}: no such directory in {}", storage.display()),
+        )
+        .into());
+    }
+    use rustix::mount::MountFlags;
+    rustix::mount::mount_bind(&from, dir).map_err(|e| {
+        Exit::new(exit::FAILURE, format!("cannot mount {} at {}: {e}", from.display(), dir.display()))
+    })?;
+    // A bind takes none of its source's mount flags: the data's own again.
+    let flags = MountFlags::BIND | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOATIME;
+    if let Err(e) = rustix::mount::mount_remount(dir, flags, "") {
+        let _ = rustix::mount::unmount(dir, rustix::mount::UnmountFlags::DETACH);
+        return Err(
+            Exit::new(exit::FAILURE, format!("cannot set nosuid,nodev on {}: {e}", dir.display())).into()
+        );
+    }
+    Ok(())
+}
+
+/// The mount point of the daemon that serves `storage` (its root, where `status` is), if one does.
+fn served_at(storage: &Path) -> Option<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|l| {
+        let (head, tail) = l.split_once(" - ")?;
+        let mut t = tail.split(' ');
+        let (kind, source) = (t.next()?, t.next()?);
+        let at = PathBuf::from(head.split(' ').nth(4)?);
+        (kind == "fuse.cortexfs" && Path::new(source) == storage && at.join("status").is_file()).then_some(at)
+    })
+}
+
+/// Starts `ctx ARGS` (a daemon serving `mp`, its control socket `control`) in the background,
+/// its output in `/run/cortexfs/mount.<mp>.log`, and returns once the mount answers.
+fn start_daemon(daemon: &[String], mp: &Path, control: &Path) -> anyhow::Result<()> {
+    let dir = mp.to_string_lossy();
     let name: String = dir.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
     std::fs::create_dir_all(policy::runtime::RUN_ROOT)?;
     let log_path = Path::new(policy::runtime::RUN_ROOT).join(format!("mount.{name}.log"));
@@ -184,7 +281,7 @@ pub fn helper(args: &[String]) -> anyhow::Result<()> {
     };
     let mut child = std::process::Command::new("setsid")
         .arg(std::env::current_exe()?)
-        .args(&daemon)
+        .args(daemon)
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
