@@ -81,8 +81,8 @@ pub fn release_stop_signals() -> io::Result<()> {
 /// --regid --groups|--clear-groups` did, in one process instead of a shell and setpriv: it moves
 /// itself into the groups whose `cgroup.procs` files are open as `procs` (writing 0, "this
 /// process"), takes `groups` (none: cleared), then `gid`, then `uid` (real, effective and
-/// saved, so root's capabilities go with root's uid), and finds `filter` (the seccomp program
-/// bwrap loads) as descriptor 3.
+/// saved, so root's capabilities go with root's uid), finds `filter` (the seccomp program
+/// bwrap loads) as descriptor 3, and takes no other descriptor beyond its streams.
 #[allow(unsafe_code)]
 pub fn become_agent(
     cmd: &mut Command,
@@ -95,7 +95,8 @@ pub fn become_agent(
     let (uid, gid) = (rustix::process::Uid::from_raw(uid), rustix::process::Gid::from_raw(gid));
     // SAFETY: the closure runs in the forked child (one thread) before exec and makes only
     // async-signal-safe system calls through rustix and libc (write, setgroups, setresgid,
-    // setresuid, dup2, fcntl) on values built before the fork; it allocates nothing. The ids
+    // setresuid, dup2, fcntl, close_range) on values built before the fork; it allocates
+    // nothing. The ids
     // set are per thread in the kernel, and the child has no other thread.
     unsafe {
         cmd.pre_exec(move || {
@@ -111,6 +112,14 @@ pub fn become_agent(
                 } else if libc::dup2(f.as_raw_fd(), 3) != 3 {
                     return Err(io::Error::last_os_error());
                 }
+            }
+            // Nothing else the supervisor inherited (from the daemon, from whoever started
+            // it) reaches the sandbox: every other descriptor is closed at exec (marked rather
+            // than closed now, so that a failed exec can still say why).
+            let first: libc::c_uint = if filter.is_some() { 4 } else { 3 };
+            if libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC) != 0
+            {
+                return Err(io::Error::last_os_error());
             }
             Ok(())
         });

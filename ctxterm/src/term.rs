@@ -168,9 +168,10 @@ pub fn run(opts: &Options) -> Result<i32, RunError> {
     grantpt(&master)?;
     unlockpt(&master)?;
     let name = ptsname(&master, Vec::new())?;
+    // Close-on-exec: the command gets it as its three streams only, not a fourth time.
     let slave = rustix::fs::open(
         name.as_c_str(),
-        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::NOCTTY,
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::NOCTTY | rustix::fs::OFlags::CLOEXEC,
         rustix::fs::Mode::empty(),
     )?;
     // A sane size before the first client says its own (a 0x0 terminal shows CLIs nothing).

@@ -119,7 +119,9 @@ fn the_sandbox_is_the_agents_world_and_nothing_else() {
     let port = listener.local_addr().unwrap().port();
     let script = format!(
         "id -u > /workspace/uid; id -g > /workspace/gid; env > /workspace/env; ls /ctx > /workspace/root; \
-         grep NoNewPrivs /proc/self/status > /workspace/nnp; \
+         grep NoNewPrivs /proc/self/status > /workspace/nnp; id -G > /workspace/groups; \
+         grep -E '^Cap(Inh|Prm|Eff|Amb)' /proc/self/status > /workspace/caps; \
+         ls -l /proc/$$/fd > /workspace/fdl; ls /proc/$$/fd > /workspace/fds; \
          ls /ctx/tool > /workspace/tools; ls /ctx/home > /workspace/homes; \
          test -e {storage} && echo visible > /workspace/storage; \
          /ctx/bin/tsh fs.stat a.txt > /workspace/stat; \
@@ -127,11 +129,33 @@ fn the_sandbox_is_the_agents_world_and_nothing_else() {
          exit 7",
         storage = w.s.storage.display()
     );
-    let out = w.start(&session("s"), &["--wait"], &["/bin/sh", "-c", &script]);
+    // Started holding a descriptor of its own (7, not close-on-exec): none reaches the sandbox.
+    let ctx = w.command(&session("s"), &["--wait"]);
+    let out = Command::new("/bin/sh")
+        .args(["-c", "exec 7</dev/null; exec \"$@\"", "sh"])
+        .arg(ctx.get_program())
+        .args(ctx.get_args())
+        .args(["/bin/sh", "-c", &script])
+        .env("SECRET_TOKEN", "operator-secret")
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(7), "the terminal's status reaches --wait: {}", text(&out));
     let read = |f: &str| fs::read_to_string(w.work.join(f)).unwrap_or_default();
     assert_eq!((read("uid"), read("gid")), ("1000\n".into(), "1000\n".into()));
     assert_eq!(read("nnp"), "NoNewPrivs:\t1\n");
+    // The agent's ids and nothing of root's: no supplementary group, no capability, no
+    // descriptor but the shell's own streams (and the one it keeps for itself).
+    assert_eq!(read("groups"), "1000\n");
+    for l in read("caps").lines() {
+        assert!(l.ends_with("\t0000000000000000"), "{}", read("caps"));
+    }
+    assert_eq!(read("caps").lines().count(), 4, "{}", read("caps"));
+    let fds: Vec<String> = read("fds").lines().map(str::to_owned).collect();
+    // The shell's own (dash keeps a redirected stream's original at 10 and up) aside, only
+    // its three streams: nothing the daemon, the launcher or ctxterm held.
+    let leaked: Vec<&String> =
+        fds.iter().filter(|f| f.parse::<u32>().is_ok_and(|n| (3..10).contains(&n) || n > 11)).collect();
+    assert!(leaked.is_empty(), "{fds:?} {}", read("fdl"));
     let env: Vec<String> = read("env").lines().map(|l| l.split('=').next().unwrap().to_owned()).collect();
     let allowed = [
         "CTX_ROOT",
