@@ -29,10 +29,6 @@ pub const SANDBOX_TERMINAL: &str = "/run/cortexfs/terminal";
 pub const SANDBOX_TERMINAL_SOCKET: &str = "/run/cortexfs/terminal/main.sock";
 /// Where a sandbox sees its view.
 pub const SANDBOX_CTX: &str = "/ctx";
-/// Where a sandbox finds the terminal program it starts with: the host's `ctxterm`, bound
-/// read-only (its pages are the host's page cache's, shared by every start, where `/ctx/bin`
-/// of a new view would read them through that view again).
-pub const SANDBOX_CTXTERM: &str = "/run/cortexfs/ctxterm";
 /// The file of a session that keeps its terminal's last output (`<file>.1` its previous half).
 pub const TERMINAL_LOG: &str = "terminal.log";
 /// The directory of the receipt socket inside a sandbox.

@@ -11,8 +11,7 @@
 //!   --seccomp 3 --disable-userns --die-with-parent --unshare-user --unshare-pid --unshare-ipc
 //!   --unshare-uts [--unshare-net] --ro-bind /usr /usr ... --bind VIEW /ctx
 //!   --bind WORKSPACE /workspace --bind TERM /run/cortexfs/terminal --clearenv --setenv ...
-//!   --ro-bind CTXTERM /run/cortexfs/ctxterm
-//!   -- /run/cortexfs/ctxterm --socket /run/cortexfs/terminal/main.sock -- CMD
+//!   -- /ctx/bin/ctxterm --socket /run/cortexfs/terminal/main.sock -- CMD
 //! ```
 //!
 //! and serves the run's [`receipt`] socket. The sandbox is set up by bwrap running as the

@@ -193,10 +193,7 @@ pub fn command(c: &Contract, procs: &[PathBuf]) -> Result<Command> {
     for (k, v) in &c.env {
         cmd.args(["--setenv", k, v]);
     }
-    // The terminal program is this one (the supervisor is ctxterm), bound read-only.
-    let me = std::env::current_exe().map_err(|e| Error::Supervise(format!("ctxterm's own path: {e}")))?;
-    cmd.arg("--ro-bind").arg(&me).arg(runtime::SANDBOX_CTXTERM);
-    cmd.args(["--new-session", "--", runtime::SANDBOX_CTXTERM]);
+    cmd.args(["--new-session", "--", "/ctx/bin/ctxterm"]);
     if c.headless {
         cmd.arg("--headless");
     } else {
