@@ -936,9 +936,10 @@ fn mount_8_mounts_a_data_area_writable_at_its_root_from_the_storages_one_daemon(
     for dir in ["b", "c"] {
         assert!(Command::new("umount").arg(at(dir)).status().unwrap().success());
     }
-    // What is not a data area, or not there, is refused.
+    // What is not a data area, or not there, or a symlink a user left (to anywhere), is refused.
     fs::create_dir_all(at("x")).unwrap();
-    for (area, code) in [("tool", 2), ("home", 2), ("../x", 2), ("home/4242", 1)] {
+    std::os::unix::fs::symlink("/etc", s.storage.join("home/0/link")).unwrap();
+    for (area, code) in [("tool", 2), ("home", 2), ("../x", 2), ("home/4242", 1), ("home/0/link", 1)] {
         let o = Command::new(helper)
             .arg(&s.storage)
             .arg(at("x"))
@@ -965,8 +966,11 @@ fn mount_8_mounts_a_data_area_writable_at_its_root_from_the_storages_one_daemon(
     fs::write(at("y/f"), "second\n").unwrap();
     assert_eq!(fs::read_to_string(s2.join("home/0/f")).unwrap(), "second\n");
     assert!(Command::new("umount").arg(at("y")).status().unwrap().success());
-    let canon = fs::canonicalize(&s2).unwrap().to_string_lossy().into_owned();
-    let name: String = canon.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    let name: String = {
+        use sha2::Digest;
+        let h = sha2::Sha256::digest(fs::canonicalize(&s2).unwrap().as_os_str().as_encoded_bytes());
+        h.iter().take(8).map(|b| format!("{b:02x}")).collect()
+    };
     let private = Path::new("/run/cortexfs/storage").join(name);
     assert!(private.join("status").is_file(), "the daemon stays at {}", private.display());
     assert!(Command::new("umount").arg("-R").arg(&private).status().unwrap().success());

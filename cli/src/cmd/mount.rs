@@ -216,11 +216,12 @@ fn mount_area(
     let root = match served {
         Some(m) => m,
         None => {
-            let name: String = storage
-                .to_string_lossy()
-                .chars()
-                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-                .collect();
+            // One name per storage: the first 16 hex digits of its path's SHA-256.
+            let name = {
+                use sha2::Digest;
+                let h = sha2::Sha256::digest(storage.as_os_str().as_encoded_bytes());
+                h.iter().take(8).map(|b| format!("{b:02x}")).collect::<String>()
+            };
             let base = Path::new(policy::runtime::RUN_ROOT).join("storage");
             let mp = base.join(&name);
             std::fs::create_dir_all(&mp)?;
@@ -233,38 +234,45 @@ fn mount_area(
             mp
         }
     };
-    let from = root.join(area);
-    if !std::fs::metadata(&from).is_ok_and(|m| m.is_dir()) {
-        return Err(Exit::new(
-            exit::FAILURE,
-            format!("-o area={area}: no such directory in {}", storage.display()),
-        )
-        .into());
-    }
-    use rustix::mount::MountFlags;
-    rustix::mount::mount_bind(&from, dir).map_err(|e| {
-        Exit::new(exit::FAILURE, format!("cannot mount {} at {}: {e}", from.display(), dir.display()))
-    })?;
-    // A bind takes none of its source's mount flags: the data's own again.
-    let flags = MountFlags::BIND | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOATIME;
-    if let Err(e) = rustix::mount::mount_remount(dir, flags, "") {
-        let _ = rustix::mount::unmount(dir, rustix::mount::UnmountFlags::DETACH);
-        return Err(
-            Exit::new(exit::FAILURE, format!("cannot set nosuid,nodev on {}: {e}", dir.display())).into()
-        );
-    }
+    // The area is what the daemon serves beneath its root, reached without following any
+    // symlink (a user's home may hold one), and bound from that very directory (its
+    // descriptor's magic link), never from a path looked up again. A bind keeps the data
+    // mount's flags (nosuid, nodev, noatime).
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let no = |e: rustix::io::Errno| {
+        Exit::new(exit::FAILURE, format!("-o area={area}: no such directory in {}: {e}", storage.display()))
+    };
+    let top = rustix::fs::open(&root, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(no)?;
+    let how = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    let fd = rustix::fs::openat2(
+        &top,
+        area,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+        how,
+    )
+    .map_err(no)?;
+    let from = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+    rustix::mount::mount_bind(from.as_str(), dir)
+        .map_err(|e| Exit::new(exit::FAILURE, format!("cannot mount {area} at {}: {e}", dir.display())))?;
     Ok(())
 }
 
-/// The mount point of the daemon that serves `storage` (its root, where `status` is), if one does.
+/// The mount point of the daemon that serves `storage` (its host view's root), if one does: a
+/// `fuse.cortexfs` mount of that source made by root (`user_id=0`: anyone may make a FUSE
+/// mount named so) whose `status` says it is the host view (not an agent's).
 fn served_at(storage: &Path) -> Option<PathBuf> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     info.lines().find_map(|l| {
         let (head, tail) = l.split_once(" - ")?;
         let mut t = tail.split(' ');
-        let (kind, source) = (t.next()?, t.next()?);
+        let (kind, source, opts) = (t.next()?, t.next()?, t.next().unwrap_or(""));
         let at = PathBuf::from(head.split(' ').nth(4)?);
-        (kind == "fuse.cortexfs" && Path::new(source) == storage && at.join("status").is_file()).then_some(at)
+        let by_root = opts.split(',').any(|o| o == "user_id=0");
+        let host =
+            || std::fs::read_to_string(at.join("status")).is_ok_and(|s| s.lines().any(|l| l == "view host"));
+        (kind == "fuse.cortexfs" && Path::new(source) == storage && by_root && host()).then_some(at)
     })
 }
 

@@ -103,28 +103,17 @@ fn place(c: Controller) -> Option<Place> {
 /// kernel's `favordynmods` (a cgroup v2 mount option that applies to the whole host, v1
 /// hierarchies included, and stays set once given) moves that cost to forks and exits, where
 /// it is too small to measure here (`bench/README.md`, agent start). Where no v2 hierarchy is
-/// mounted (a v1 host), one is mounted with the option on a private directory and unmounted
-/// again; where one is, it is left as its owner mounted it (`mount -o remount,favordynmods`
-/// there is the operator's choice).
+/// mounted (a v1 host), a cgroup2 superblock is created with the option (the mount API's
+/// `fsopen`, `fsconfig`; attached nowhere, so no path is involved); where one is, it is left
+/// as its owner mounted it (`mount -o remount,favordynmods` there is the operator's choice).
 pub fn favor_migrations() -> std::io::Result<bool> {
     if mounts().iter().any(|(_, v2, _)| *v2) {
         return Ok(false);
     }
-    let dir = std::env::temp_dir().join(format!("cortexfs-cgroup2.{}", std::process::id()));
-    // root's: a directory of its own, for one mount and unmount
-    std::fs::create_dir_all(&dir)?;
-    let mounted = rustix::mount::mount(
-        "none",
-        &dir,
-        "cgroup2",
-        rustix::mount::MountFlags::empty(),
-        Some(c"favordynmods"),
-    );
-    if mounted.is_ok() {
-        let _ = rustix::mount::unmount(&dir, rustix::mount::UnmountFlags::DETACH);
-    }
-    let _ = std::fs::remove_dir(&dir); // root's: the directory made above
-    mounted.map(|()| true).map_err(Into::into)
+    let fs = rustix::mount::fsopen("cgroup2", rustix::mount::FsOpenFlags::FSOPEN_CLOEXEC)?;
+    rustix::mount::fsconfig_set_flag(&fs, "favordynmods")?;
+    rustix::mount::fsconfig_create(&fs)?;
+    Ok(true)
 }
 
 /// What the groups of a run say it uses (each `None` where the run has no group of that
