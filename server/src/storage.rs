@@ -27,6 +27,10 @@ pub struct Storage {
 /// The longest path resolved in one `openat2` (below the kernel's `PATH_MAX` of 4,096 bytes).
 pub const STEP: usize = 3_072;
 
+/// The longest storage path served (16 KiB: 64 levels of 255-byte names), past which a name
+/// is `ENAMETOOLONG`; the inode table holds each known inode's path.
+pub const REL_MAX: usize = 16 * 1024;
+
 /// The root layout every storage has.
 pub const LAYOUT: [&str; 5] = ["tool", "agent", "model", "home", "shared"];
 
@@ -82,6 +86,10 @@ impl Storage {
             )
         };
         let mut rest = rel.as_os_str().as_bytes();
+        if rest.len() > REL_MAX {
+            // The daemon keeps each known inode's whole path: a bound on it is a bound on that.
+            return Err(Why::NameTooLong.into());
+        }
         if rest.len() <= STEP {
             return Ok(open(&self.root, rel, flags, mode)?);
         }
@@ -169,5 +177,9 @@ mod tests {
         assert!(s.stat(&rel.join("f")).is_ok());
         assert!(s.open_rel(&rel.join("l/passwd"), OFlags::RDONLY, 0).is_err());
         assert!(s.open_rel(&rel.join("l"), OFlags::RDONLY, 0).is_err());
+        // Past REL_MAX, a name is too long (the inode table keeps whole paths).
+        let far = PathBuf::from("home").join(vec![name.as_str(); REL_MAX / 250 + 2].join("/"));
+        let e = s.open_rel(&far, OFlags::RDONLY, 0).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(Why::NameTooLong.errno()));
     }
 }

@@ -1294,8 +1294,11 @@ fn cli_args(
     dir: &Path,
     prompt: &str,
 ) -> Result<(Vec<String>, bool, Option<String>), String> {
+    // The session's directory is the agent's: an id read back is a word, never an option.
     let known = session::read_file(dir, CLI_SESSION, 128).ok().map(|s| s.trim().to_owned()).filter(|s| {
-        !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        s.len() <= 64
+            && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
     });
     let known_names = || super::profiles::names().join(", ");
     match profile {

@@ -284,6 +284,10 @@ pub fn derive(s: &Start) -> Result<Contract> {
             .map_err(|_| invalid(format!("agent/{}.d/{name}: {:?} is not a number", s.agent, t.trim())))
     };
     let (uid, gid) = (num("uid")?, num("gid")?);
+    if uid == u32::MAX || gid == u32::MAX {
+        // -1 is "no change" to setresuid and setresgid: the sandbox would stay root's.
+        return Err(invalid(format!("agent/{}.d/uid or gid: 4294967295 (-1) is no identity", s.agent)));
+    }
     if uid == 0 {
         eprintln!(
             "ctx: warning: agent {} runs as uid 0: in its sandbox it is root over everything bound there \

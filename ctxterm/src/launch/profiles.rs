@@ -56,6 +56,15 @@ fn operators() -> Vec<(String, std::result::Result<Vec<u8>, String>)> {
     // root's: /etc
     let Ok(dir) = std::fs::read_dir(DIR) else { return Vec::new() };
     let mut out = Vec::new();
+    // The directory is root's alone too: else whoever may write it could rename root's files.
+    // root's: /etc
+    match std::fs::symlink_metadata(DIR) {
+        Ok(m) if m.is_dir() && m.uid() == 0 && m.mode() & 0o022 == 0 => {}
+        _ => {
+            out.push(("*".to_owned(), Err(format!("{DIR} is not a directory of root's alone"))));
+            return out;
+        }
+    }
     for e in dir.flatten().take(256) {
         let path = e.path();
         let Some(name) = path.file_stem().and_then(|s| s.to_str()).map(str::to_owned) else { continue };
@@ -191,6 +200,15 @@ pub fn turn(
         }
         _ => (&t.new, String::new(), None),
     };
+    // A prompt in the arguments never reads as an option or a file to attach (`-x`, `@path`):
+    // one that begins so gets a space in front.
+    let spaced;
+    let prompt = if t.prompt == Prompt::Argument && prompt.starts_with(['-', '@']) {
+        spaced = format!(" {prompt}");
+        spaced.as_str()
+    } else {
+        prompt
+    };
     let vars = [("prompt", prompt), ("session", session.as_str())];
     let args = templates
         .iter()
@@ -207,13 +225,36 @@ pub fn session_on_stderr(p: &Profile, stderr: &str) -> Option<String> {
     }
     let prefix = p.turn.session_prefix.as_str();
     stderr.lines().find_map(|l| l.trim().strip_prefix(prefix)).map(|s| s.trim().to_owned()).filter(|s| {
-        !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        s.len() <= 64
+            && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sender's text is one argument and never an option or a file to attach; an id read
+    /// back from the agent's session directory is never an option either.
+    #[test]
+    fn a_turn_keeps_the_prompt_one_argument_that_is_no_option() {
+        let g = find("gemini").unwrap();
+        let (args, stdin, new) = turn(g, None, "--model=x", || Ok("0b6f1c1e".into())).unwrap();
+        assert_eq!(args, ["--session-id", "0b6f1c1e", "--prompt= --model=x"]);
+        assert!(!stdin && new.as_deref() == Some("0b6f1c1e"));
+        let p = find("pi").unwrap();
+        let (args, _, _) = turn(p, None, "@/etc/shadow", || Ok(String::new())).unwrap();
+        assert_eq!(args, ["-p", "--continue", " @/etc/shadow"]);
+        let (args, stdin, _) =
+            turn(find("codex").unwrap(), Some("abc-1"), "-x", || Ok(String::new())).unwrap();
+        assert!(stdin && args.contains(&"abc-1".to_owned()) && !args.contains(&" -x".to_owned()));
+        assert_eq!(session_on_stderr(find("codex").unwrap(), "session id: --evil\n"), None);
+        assert_eq!(
+            session_on_stderr(find("codex").unwrap(), "session id: 0199-ab\n").as_deref(),
+            Some("0199-ab")
+        );
+    }
 
     #[test]
     fn every_built_in_profile_reads() {

@@ -595,6 +595,8 @@ fn serve_run(
         serve_key(c, k)?;
     }
     let mut child = cmd.spawn().map_err(Error::Spawn)?;
+    // The descriptors its child needed (the groups' files, the filter) go now.
+    drop(cmd);
     t.step("sup-sandbox-spawn");
     t.keep(&c.runtime);
     let started = Instant::now();

@@ -1912,6 +1912,17 @@ fn open_existing(dir: &OwnedFd, leaf: &Path, flags: OFlags, ctx: &Context) -> io
     if ctx.uid != 0 && bits & want != want {
         return Err(err(Why::NotPermitted));
     }
+    // A file with an access ACL answers another user by its entries, which are not evaluated
+    // here: only its owner (or root) opens it on this path (the kernel's own check, on a fresh
+    // lookup, decides for the others).
+    let mut acl = [0u8; 4];
+    let has_acl = match rustix::fs::fgetxattr(&fd, "system.posix_acl_access", &mut acl[..]) {
+        Ok(n) => n > 0,
+        Err(e) => e == rustix::io::Errno::RANGE,
+    };
+    if has_acl && ctx.uid != 0 && ctx.uid != st.st_uid {
+        return Err(err(Why::NotPermitted));
+    }
     if flags.contains(OFlags::TRUNC) {
         rustix::fs::ftruncate(&fd, 0).map_err(ioerr)?;
     }

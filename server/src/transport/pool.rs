@@ -50,6 +50,7 @@ pub(crate) struct Conn {
     ring: Option<Load>,
 }
 
+#[cfg(any(test, feature = "fuzz"))]
 impl Conn {
     /// A connection to `fs` with no kernel behind it (its descriptor is `/dev/null`), for
     /// serving requests in place (tests, the ring decoder's fuzz target).

@@ -957,7 +957,7 @@ fn handle(conn: &Conn, buf: &mut [u8], ud: u64, mailbox: Option<&Mailbox>) -> Op
 /// Serves `entry`, the bytes of a ring entry as the kernel fills one (its headers, then the
 /// payload buffer), on a filesystem of an empty storage of its own, as a ring worker would:
 /// the decoder's fuzz target. Whatever the bytes, it answers or refuses, and never panics.
-#[doc(hidden)]
+#[cfg(feature = "fuzz")]
 pub fn serve_entry_bytes(entry: &[u8]) -> Option<u64> {
     static CONN: std::sync::OnceLock<Option<Conn>> = std::sync::OnceLock::new();
     let conn = CONN
