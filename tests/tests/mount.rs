@@ -979,4 +979,5 @@ fn mount_8_mounts_a_data_area_writable_at_its_root_from_the_storages_one_daemon(
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(!control.exists(), "the daemon stopped with its mount");
+    let _ = fs::remove_dir(&private);
 }
