@@ -1295,11 +1295,10 @@ fn cli_args(
     prompt: &str,
 ) -> Result<(Vec<String>, bool, Option<String>), String> {
     // The session's directory is the agent's: an id read back is a word, never an option.
-    let known = session::read_file(dir, CLI_SESSION, 128).ok().map(|s| s.trim().to_owned()).filter(|s| {
-        s.len() <= 64
-            && s.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-    });
+    let known = session::read_file(dir, CLI_SESSION, 128)
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| super::profiles::is_conversation_id(s));
     let known_names = || super::profiles::names().join(", ");
     match profile {
         "" => Err(format!(

@@ -224,11 +224,19 @@ pub fn session_on_stderr(p: &Profile, stderr: &str) -> Option<String> {
         return None;
     }
     let prefix = p.turn.session_prefix.as_str();
-    stderr.lines().find_map(|l| l.trim().strip_prefix(prefix)).map(|s| s.trim().to_owned()).filter(|s| {
-        s.len() <= 64
-            && s.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-    })
+    stderr
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(prefix))
+        .map(|s| s.trim().to_owned())
+        .filter(|s| is_conversation_id(s))
+}
+
+/// Whether `s` may be a CLI's conversation id as CortexFS hands it back: a word of at most 64
+/// letters, digits and `-` that begins with a letter or digit (never an option).
+pub fn is_conversation_id(s: &str) -> bool {
+    s.len() <= 64
+        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
 #[cfg(test)]
