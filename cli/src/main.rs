@@ -27,6 +27,10 @@ enum Command {
     /// Check and test policy v0 files.
     #[command(subcommand)]
     Policy(cmd::policy::Cmd),
+    /// The configuration's generations: what is staged, what is active, who committed what,
+    /// and rollback. Only a commit changes what agents are served.
+    #[command(subcommand)]
+    Config(cmd::config::Cmd),
     /// Create, list, inspect and remove agent objects.
     #[command(subcommand)]
     Agent(cmd::agent::Cmd),
@@ -158,6 +162,7 @@ fn main() -> ExitCode {
         Command::Mount(a) => cmd::mount::run(a),
         Command::Policy(c) => cmd::policy::run(c),
         Command::Agent(c) => cmd::agent::run(c),
+        Command::Config(c) => cmd::config::run(c),
         Command::Object(c) => cmd::object::run(c),
         Command::Model(c) => cmd::model::run(c),
         Command::Secret(c) => cmd::model::secret(c),

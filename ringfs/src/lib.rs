@@ -14,6 +14,7 @@
 //! Depends on `policy` only; the server, `ctx` and the integration tests depend on it.
 
 pub mod beneath;
+pub mod config;
 pub mod error;
 pub mod log;
 pub mod object;

@@ -85,8 +85,9 @@ impl Views {
         let storage = self.base.storage.clone();
         let watcher_tx = tx.clone();
         let epoch = Arc::clone(self.base.changes.epoch());
+        let active = self.base.active.clone();
         std::thread::Builder::new().name("storage-watch".into()).spawn(move || {
-            if let Err(e) = watch_storage(&storage, &epoch, &watcher_tx) {
+            if let Err(e) = watch_storage(&storage, &epoch, active.as_deref(), &watcher_tx) {
                 epoch.blind();
                 tracing::warn!(error = %e, "not watching the storage: views check their policies on every request, and see other changes made behind the daemon's back within the cache timeout");
             }
@@ -408,6 +409,7 @@ pub fn listen(socket: &Path, views: Arc<Views>) -> std::io::Result<()> {
 fn watch_storage(
     storage: &Path,
     epoch: &crate::view::Epoch,
+    active: Option<&crate::storage::Active>,
     tx: &std::sync::mpsc::Sender<()>,
 ) -> std::io::Result<()> {
     use rustix::event::{PollFd, PollFlags, poll};
@@ -467,6 +469,16 @@ fn watch_storage(
     for (p, d) in &everything() {
         add(&mut dirs, &fd, p, *d);
     }
+    // A commit activates a generation by replacing the `active` link: every view then serves
+    // it, its kernel's entries dropped once.
+    let generations = match active {
+        Some(_) => Some(inotify::add_watch(
+            &fd,
+            ringfs::config::generations_dir(storage),
+            WatchFlags::MOVED_TO | WatchFlags::CREATE | WatchFlags::ONLYDIR,
+        )?),
+        None => None,
+    };
     let Some(fd) = epoch.watching(fd) else { return Ok(()) };
     let model_root = storage.join("model");
     let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 64 * 1024];
@@ -493,6 +505,15 @@ fn watch_storage(
             // Appends to an object's log (and the commit evidence they set, an attribute change)
             // and staging residue change nothing a view shows: the real name's arrival does.
             let name = ev.file_name().map(|n| n.to_bytes()).unwrap_or_default();
+            if Some(ev.wd()) == generations {
+                if name == ringfs::config::ACTIVE.as_bytes() && active.is_some_and(|a| a.reload()) {
+                    relevant = true;
+                }
+                if reader.is_buffer_empty() {
+                    break;
+                }
+                continue;
+            }
             if name == b"log" || name.ends_with(b".torn") || name.first() == Some(&b'.') {
                 if reader.is_buffer_empty() {
                     break;

@@ -12,6 +12,10 @@ use std::io;
 use crate::errno::Why;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use crate::area::Area;
+use policy::controls::Owner;
 
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, Stat};
 
@@ -22,6 +26,58 @@ pub struct Storage {
     root: OwnedFd,
     /// The device the storage's root is on.
     dev: u64,
+    /// Where configuration is served from, in an agent view: the active generation.
+    active: Option<Arc<Active>>,
+}
+
+/// The active configuration generation of a storage ([`ringfs::config`]): its directory,
+/// opened once and swapped for the next when a commit activates another. Agent views serve
+/// objects and controls from it, so an edit of the storage is seen by no agent until it is
+/// committed, and then all of it at once.
+#[derive(Debug)]
+pub struct Active {
+    storage: PathBuf,
+    now: RwLock<Option<(String, Arc<OwnedFd>)>>,
+}
+
+impl Active {
+    /// The storage's active generation, as its `active` link names it now.
+    pub fn open(storage: &Path) -> Arc<Active> {
+        let a = Arc::new(Active { storage: storage.to_path_buf(), now: RwLock::new(None) });
+        a.reload();
+        a
+    }
+
+    /// Takes in the generation the `active` link names, if it is another one: returns whether
+    /// it changed. A generation that cannot be opened leaves the one served.
+    pub fn reload(&self) -> bool {
+        let Some(id) = ringfs::config::active_id(&self.storage) else { return false };
+        if self.now.read().is_ok_and(|n| n.as_ref().is_some_and(|(i, _)| *i == id)) {
+            return false;
+        }
+        let dir = ringfs::config::generations_dir(&self.storage).join(&id);
+        let Ok(fd) = rustix::fs::open(
+            &dir,
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::empty(),
+        ) else {
+            tracing::warn!(generation = %id, "the active generation cannot be opened: the one served stays");
+            return false;
+        };
+        if let Ok(mut n) = self.now.write() {
+            *n = Some((id, Arc::new(fd)));
+        }
+        true
+    }
+
+    /// The active generation's id.
+    pub fn id(&self) -> Option<String> {
+        self.now.read().ok()?.as_ref().map(|(i, _)| i.clone())
+    }
+
+    fn root(&self) -> Option<Arc<OwnedFd>> {
+        self.now.read().ok()?.as_ref().map(|(_, fd)| Arc::clone(fd))
+    }
 }
 
 /// The longest path resolved in one `openat2` (below the kernel's `PATH_MAX` of 4,096 bytes).
@@ -48,7 +104,47 @@ impl Storage {
         let root =
             rustix::fs::open(path, OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
         let dev = rustix::fs::fstat(&root)?.st_dev;
-        Ok(Storage { path: path.to_path_buf(), root, dev })
+        Ok(Storage { path: path.to_path_buf(), root, dev, active: None })
+    }
+
+    /// Opens the storage at `path` for an agent view: objects and controls come from the
+    /// active generation `active`, the rest (data, sessions, logs, sockets) from the storage.
+    pub fn open_serving(path: &Path, active: Arc<Active>) -> io::Result<Storage> {
+        Ok(Storage { active: Some(active), ..Storage::open(path)? })
+    }
+
+    /// The active generation's root when `rel` is configuration served from it: below
+    /// `tool/`, `agent/`, `model/`, but not sockets and runtime state (logs, `status`, `pid`),
+    /// which are never versioned.
+    fn generation_for(&self, rel: &Path) -> Option<Arc<OwnedFd>> {
+        let active = self.active.as_ref()?;
+        let first = rel.components().next()?;
+        if !matches!(first.as_os_str().to_str(), Some("tool" | "agent" | "model")) {
+            return None;
+        }
+        match crate::area::classify(rel) {
+            Some(Area::Socket | Area::ObjectLog | Area::Control(Owner::Runtime)) | None => None,
+            Some(_) => active.root(),
+        }
+    }
+
+    /// Whether `rel` is served from the active generation (see [`Storage::open_serving`]).
+    pub fn from_generation(&self, rel: &Path) -> bool {
+        self.generation_for(rel).is_some()
+    }
+
+    /// Opens `rel` beneath the storage itself (never the generation): what runtime entries
+    /// of a configuration directory are listed from.
+    pub fn work_dir(&self, rel: &Path) -> io::Result<OwnedFd> {
+        let rel: &Path = if rel.as_os_str().is_empty() { Path::new(".") } else { rel };
+        let how = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+        Ok(rustix::fs::openat2(
+            &self.root,
+            rel,
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+            how,
+        )?)
     }
 
     /// The device the storage's root is on.
@@ -85,13 +181,15 @@ impl Storage {
                 how,
             )
         };
+        let generation = self.generation_for(rel);
+        let root: &OwnedFd = generation.as_deref().unwrap_or(&self.root);
         let mut rest = rel.as_os_str().as_bytes();
         if rest.len() > REL_MAX {
             // The daemon keeps each known inode's whole path: a bound on it is a bound on that.
             return Err(Why::NameTooLong.into());
         }
         if rest.len() <= STEP {
-            return Ok(open(&self.root, rel, flags, mode)?);
+            return Ok(open(root, rel, flags, mode)?);
         }
         let mut dir: Option<OwnedFd> = None;
         while rest.len() > STEP {
@@ -101,12 +199,12 @@ impl Storage {
                 .rposition(|&b| b == b'/')
                 .ok_or_else(|| io::Error::from(Why::NameTooLong))?;
             let head = Path::new(std::ffi::OsStr::from_bytes(&rest[..cut]));
-            let next = open(dir.as_ref().unwrap_or(&self.root), head, OFlags::PATH | OFlags::DIRECTORY, 0)?;
+            let next = open(dir.as_ref().unwrap_or(root), head, OFlags::PATH | OFlags::DIRECTORY, 0)?;
             dir = Some(next);
             rest = &rest[cut + 1..];
         }
         let last = Path::new(std::ffi::OsStr::from_bytes(rest));
-        Ok(open(dir.as_ref().unwrap_or(&self.root), last, flags, mode)?)
+        Ok(open(dir.as_ref().unwrap_or(root), last, flags, mode)?)
     }
 
     /// Opens the directory `rel` (for `*at` calls on its entries).
@@ -118,8 +216,14 @@ impl Storage {
     pub fn stat(&self, rel: &Path) -> io::Result<Stat> {
         match split(rel) {
             None => Ok(rustix::fs::fstat(&self.root)?),
+            // Configuration is looked up where it is served from, runtime entries beside it
+            // in the storage.
+            Some(_) if self.from_generation(rel) => {
+                Ok(rustix::fs::fstat(self.open_rel(rel, OFlags::PATH | OFlags::NOFOLLOW, 0)?)?)
+            }
             Some((parent, name)) => {
-                let dir = self.dir(parent)?;
+                let dir =
+                    if self.from_generation(parent) { self.work_dir(parent)? } else { self.dir(parent)? };
                 Ok(rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)?)
             }
         }
@@ -128,6 +232,10 @@ impl Storage {
     /// The parent directory of `rel` and the final component, ready for `*at` calls.
     pub fn parent_of<'a>(&self, rel: &'a Path) -> io::Result<(OwnedFd, &'a CStrish)> {
         let (parent, name) = split(rel).ok_or_else(|| io::Error::from(Why::Busy))?;
+        // A generation is never changed through a view: changes land in the storage.
+        if self.from_generation(parent) {
+            return Ok((self.work_dir(parent)?, name));
+        }
         Ok((self.dir(parent)?, name))
     }
 }

@@ -9,6 +9,7 @@ mod agent_life;
 mod agent_object;
 mod agent_socket;
 mod agent_start;
+mod config;
 mod demo;
 mod escape;
 mod faults;

@@ -224,11 +224,11 @@ fn refuses_a_non_empty_mount_point_and_recovers_a_dead_mount() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not empty"));
 }
 
-fn ctx(args: &[&str]) -> std::process::Output {
+pub(crate) fn ctx(args: &[&str]) -> std::process::Output {
     Command::new(tests::bin("ctx")).args(args).output().unwrap()
 }
 
-fn names(dir: &Path) -> Vec<String> {
+pub(crate) fn names(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> =
         fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     v.sort();
@@ -236,7 +236,7 @@ fn names(dir: &Path) -> Vec<String> {
 }
 
 /// Writes an object straight into storage (an executable and its controls).
-fn object(storage: &Path, class: &str, name: &str, controls: &[(&str, &str)]) {
+pub(crate) fn object(storage: &Path, class: &str, name: &str, controls: &[(&str, &str)]) {
     let dir = storage.join(class);
     fs::create_dir_all(dir.join(format!("{name}.d"))).unwrap();
     fs::write(dir.join(name), b"#!/bin/sh\necho ok\n").unwrap();
@@ -565,14 +565,22 @@ fn extended_attributes_on_data_behave_as_on_the_backing_filesystem() {
     );
 }
 
+/// Installs `ctx` as mount(8)'s helper of the type `fuse.cortexfs`, replacing any in one
+/// rename (tests that run at once each install it, none ever sees it missing).
+fn mount_helper() -> &'static Path {
+    let helper = Path::new("/usr/sbin/mount.fuse.cortexfs");
+    let tmp = format!("/usr/sbin/.mount.fuse.cortexfs.{}", tests::unique("h"));
+    std::os::unix::fs::symlink(tests::bin("ctx"), &tmp).unwrap();
+    fs::rename(&tmp, helper).unwrap();
+    helper
+}
+
 /// `ctx mount` could not be used from mount(8) or /etc/fstab, and every instance was named
 /// `cortexfs`: a harness that mounted its own instance could not find it.
 #[test]
 fn mount_8_mounts_a_storage_by_type_and_from_an_fstab_line() {
     // Installed as mount(8) looks for the helper of the type fuse.cortexfs.
-    let helper = Path::new("/usr/sbin/mount.fuse.cortexfs");
-    let _ = fs::remove_file(helper);
-    std::os::unix::fs::symlink(tests::bin("ctx"), helper).unwrap();
+    let helper = mount_helper();
     let d = tempfile::tempdir().unwrap();
     let (storage, mnt) = (d.path().join("storage"), d.path().join("mnt"));
     fs::create_dir_all(&mnt).unwrap();
@@ -886,10 +894,7 @@ fn posix_acls_round_trip_are_copied_inherited_and_enforced() {
 /// root, every such mount of a storage served by the one daemon that serves it.
 #[test]
 fn mount_8_mounts_a_data_area_writable_at_its_root_from_the_storages_one_daemon() {
-    let helper = Path::new("/usr/sbin/mount.fuse.cortexfs");
-    if !helper.exists() {
-        std::os::unix::fs::symlink(tests::bin("ctx"), helper).unwrap();
-    }
+    let helper = mount_helper();
     let s = Served::start();
     fs::create_dir_all(s.storage.join("home/0")).unwrap();
     fs::create_dir_all(s.storage.join("shared/p")).unwrap();

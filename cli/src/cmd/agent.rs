@@ -433,7 +433,7 @@ fn agent_dir(storage: &Path) -> PathBuf {
 
 /// The host view that serves `storage`, when a daemon does: a `fuse.cortexfs` mount whose
 /// source is this storage and whose `status` says `view host`.
-fn served_at(storage: &Path) -> Option<PathBuf> {
+pub fn served_at(storage: &Path) -> Option<PathBuf> {
     let storage = std::fs::canonicalize(storage).ok()?;
     // root's: /proc
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
@@ -455,8 +455,11 @@ fn served_at(storage: &Path) -> Option<PathBuf> {
 /// that serves it: waits (at most 3 s) until each of `rels` reads the same through `/ctx` as in
 /// the storage (the daemon drops the kernel's copies when its watch sees a change), and, for an
 /// agent just made, until its socket is there to drive it.
-fn settle(storage: &Path, rels: &[PathBuf], socket: Option<&str>) {
+fn settle(storage: &Path, rels: &[PathBuf], socket: Option<&str>, generation: Option<&str>) {
     let Some(ctx) = served_at(storage) else { return };
+    if let Some(id) = generation {
+        crate::cmd::config::served(&ctx, id);
+    }
     let t = std::time::Instant::now();
     let limit = std::time::Duration::from_secs(3);
     // root's: the storage's objects, and the mount serving them (read only)
@@ -469,6 +472,12 @@ fn settle(storage: &Path, rels: &[PathBuf], socket: Option<&str>) {
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+}
+
+/// Commits a grant's or revoke's controls (see [`crate::cmd::config::own_change`]).
+fn own_grant(storage: &Path, rels: &[PathBuf], message: &str) -> anyhow::Result<Option<String>> {
+    let own: Vec<String> = rels.iter().map(|r| r.to_string_lossy().into_owned()).collect();
+    crate::cmd::config::own_change(storage, &own, message)
 }
 
 /// The controls a grant or revoke of `object` writes, relative to the storage.
@@ -524,8 +533,11 @@ fn new(a: NewArgs) -> anyhow::Result<()> {
             rels.push(PathBuf::from(format!("tool/{t}.d/policy")));
         }
     }
+    let mut own: Vec<String> = vec![format!("agent/{name}"), format!("agent/{name}.d")];
+    own.extend(rels.iter().skip(1).map(|r| r.to_string_lossy().into_owned()));
+    let g = crate::cmd::config::own_change(&a.at.source, &own, &format!("agent new {name}"))?;
     // Driven at once: `ctx send NAME` right after finds its socket.
-    settle(&a.at.source, &rels, Some(&name));
+    settle(&a.at.source, &rels, Some(&name), g.as_deref());
     Ok(())
 }
 
@@ -691,6 +703,10 @@ fn rm(storage: &Path, name: &str, yes: bool) -> anyhow::Result<()> {
     for line in agents::remove(storage, name, yes).map_err(exit::launch)? {
         out::line(line)?;
     }
+    if yes {
+        let own = [format!("agent/{name}"), format!("agent/{name}.d")];
+        crate::cmd::config::own_change(storage, &own, &format!("agent rm {name}"))?;
+    }
     Ok(())
 }
 
@@ -793,19 +809,29 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             for line in agents::grant(&at.source, &name, &object, &perm).map_err(exit::launch)? {
                 out::line(line)?;
             }
-            settle(&at.source, &grant_rels(&name, &object), None);
+            let rels = grant_rels(&name, &object);
+            let g = own_grant(&at.source, &rels, &format!("agent grant {name} {object} {perm}"))?;
+            settle(&at.source, &rels, None, g.as_deref());
             Ok(())
         }
         Cmd::Revoke { at, name, object, perm } => {
             for line in agents::revoke(&at.source, &name, &object, &perm).map_err(exit::launch)? {
                 out::line(line)?;
             }
-            settle(&at.source, &grant_rels(&name, &object), None);
+            let rels = grant_rels(&name, &object);
+            let g = own_grant(&at.source, &rels, &format!("agent revoke {name} {object} {perm}"))?;
+            settle(&at.source, &rels, None, g.as_deref());
             Ok(())
         }
         Cmd::Set { at, name, key, value, allow_root } => {
             out::line(agents::set(&at.source, &name, &key, &value, allow_root).map_err(exit::launch)?)?;
-            settle(&at.source, &[PathBuf::from(format!("agent/{name}.d/{key}"))], None);
+            let rel = format!("agent/{name}.d/{key}");
+            let g = crate::cmd::config::own_change(
+                &at.source,
+                std::slice::from_ref(&rel),
+                &format!("agent set {name} {key}"),
+            )?;
+            settle(&at.source, &[PathBuf::from(rel)], None, g.as_deref());
             Ok(())
         }
         Cmd::Start(a) => {

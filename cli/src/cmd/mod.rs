@@ -3,6 +3,7 @@
 pub mod agent;
 pub mod bootstrap;
 pub mod complete;
+pub mod config;
 pub mod doctor;
 pub mod generate;
 pub mod man;

@@ -371,7 +371,9 @@ fn run_virtiofs(a: &Args, socket: &Path) -> anyhow::Result<()> {
     let config = server::Config {
         view,
         cache_timeout: std::time::Duration::from_secs(a.cache_timeout),
-        ..server::Config::new(a.source.clone(), bins())
+        ..server::Config::committed(a.source.clone(), bins()).map_err(|e| {
+            Exit::io(format!("cannot activate the configuration of {}", a.source.display()), &e)
+        })?
     };
     let logs = Arc::clone(&config.logs);
     let mut signals = Signals::new([SIGINT, SIGTERM])?;
@@ -442,7 +444,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let config = server::Config {
         cache_timeout: std::time::Duration::from_secs(a.cache_timeout),
-        ..server::Config::new(a.source.clone(), bins())
+        ..server::Config::committed(a.source.clone(), bins()).map_err(|e| {
+            Exit::io(format!("cannot activate the configuration of {}", a.source.display()), &e)
+        })?
     };
     let logs = Arc::clone(&config.logs);
     let fs = server::CtxFs::new(config.clone())

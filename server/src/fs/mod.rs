@@ -106,6 +106,9 @@ pub struct Config {
     pub cache_timeout: Duration,
     /// The agents' disk accounts, shared by every view of a daemon.
     pub quotas: Arc<quota::Quotas>,
+    /// The storage's active configuration generation, which agent views serve objects and
+    /// controls from; `None` serves them from the storage itself.
+    pub active: Option<Arc<crate::storage::Active>>,
 }
 
 impl Config {
@@ -121,7 +124,21 @@ impl Config {
             changes: Changes::default(),
             cache_timeout: DEFAULT_CACHE_TIMEOUT,
             quotas: Arc::default(),
+            active: None,
         }
+    }
+
+    /// [`Config::new`], serving the storage's active configuration generation to agent
+    /// views once its configuration is a repository: a generation left unactivated by an
+    /// interrupted commit is activated first ([`ringfs::config::ensure`]), and the first
+    /// commit of a storage that is not one yet is taken in when it is made.
+    pub fn committed(storage: PathBuf, bins: Vec<(String, PathBuf)>) -> io::Result<Config> {
+        std::fs::create_dir_all(ringfs::config::generations_dir(&storage))?;
+        if ringfs::config::is_repository(&storage) {
+            ringfs::config::ensure(&storage).map_err(io::Error::other)?;
+        }
+        let active = crate::storage::Active::open(&storage);
+        Ok(Config { active: Some(active), ..Config::new(storage, bins) })
     }
 }
 
@@ -372,6 +389,8 @@ pub struct CtxFs {
     /// connection, as the counters are).
     wire: Arc<crate::transport::Wire>,
     started: Instant,
+    /// The active configuration generation, shown in `status`.
+    active: Option<Arc<crate::storage::Active>>,
     view: Option<Authority>,
     view_count: Arc<AtomicU64>,
     changes: Changes,
@@ -682,7 +701,10 @@ fn ringfs_errno(e: &ringfs::Error) -> io::Error {
 impl CtxFs {
     /// Opens the storage (creating the root layout when missing).
     pub fn new(config: Config) -> io::Result<CtxFs> {
-        let storage = Storage::open(&config.storage)?;
+        let storage = match (&config.view, &config.active) {
+            (Some(_), Some(active)) => Storage::open_serving(&config.storage, Arc::clone(active))?,
+            _ => Storage::open(&config.storage)?,
+        };
         // Replayed before anything of the storage is served.
         config.logs.journal(storage.path())?;
         let mut inodes = Inodes {
@@ -714,6 +736,7 @@ impl CtxFs {
             stats: Arc::default(),
             wire: Arc::default(),
             started: Instant::now(),
+            active: config.active.clone(),
             quota,
             quotas: config.quotas,
             view: config.view.map(|v| Authority::new(v, Arc::clone(config.changes.epoch()))),
@@ -750,6 +773,7 @@ impl CtxFs {
             changes: self.changes.clone(),
             cache_timeout: self.ttl,
             quotas: Arc::clone(&self.quotas),
+            active: self.active.clone(),
         })?;
         fs.stats = Arc::clone(&self.stats);
         fs.wire = Arc::clone(&self.wire);
@@ -1104,6 +1128,9 @@ impl CtxFs {
         s.push_str(&format!("uptime_s {}\n", self.started.elapsed().as_secs()));
         s.push_str(&format!("storage {}\n", self.storage.path().display()));
         s.push_str(&format!("views {}\n", self.view_count.load(Ordering::Relaxed)));
+        if let Some(g) = self.active.as_ref().and_then(|a| a.id()) {
+            s.push_str(&format!("generation {g}\n"));
+        }
         match &self.view {
             None => s.push_str("view host\n"),
             Some(a) => {
@@ -1807,7 +1834,36 @@ impl CtxFs {
                     // directory's is the best known without a stat per entry.
                     out.push(name, shown_ino(here.st_dev, e.ino(), dev), t as u32);
                 }
+                if self.storage.from_generation(&rel) {
+                    self.list_runtime(&rel, out)?;
+                }
             }
+        }
+        Ok(())
+    }
+
+    /// Lists the runtime entries (sockets, logs, `status`, `pid`) of configuration directory
+    /// `rel` served from the active generation: they live in the storage beside it.
+    fn list_runtime(&self, rel: &Path, out: &mut Listing) -> io::Result<()> {
+        let Ok(fd) = self.storage.work_dir(rel) else { return Ok(()) };
+        let dev = self.storage.dev();
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 8192];
+        let mut dir = rustix::fs::RawDir::new(&fd, &mut buf);
+        while let Some(e) = dir.next() {
+            let e = e.map_err(ioerr)?;
+            let name = e.file_name().to_bytes();
+            let runtime = joined(rel, std::ffi::OsStr::from_bytes(name), |child| {
+                !self.storage.from_generation(child) && self.visible_as(rel, name, child)
+            });
+            if name.first() == Some(&b'.') || !runtime {
+                continue;
+            }
+            let t = match e.file_type() {
+                rustix::fs::FileType::Symlink => libc::DT_LNK,
+                rustix::fs::FileType::Socket => libc::DT_SOCK,
+                _ => libc::DT_REG,
+            };
+            out.push(name, shown_ino(dev, e.ino(), dev), t as u32);
         }
         Ok(())
     }

@@ -1,0 +1,154 @@
+//! `ctx config`: the storage's configuration generations (status, diff, commit, log,
+//! rollback). A commit is the only event that changes what agents are served.
+
+use std::path::{Path, PathBuf};
+
+use clap::Subcommand;
+use ringfs::config::{self as generations, Commit, Error};
+
+use crate::cmd::object::DEFAULT_STORAGE;
+use crate::exit::{self, Exit};
+use crate::out;
+
+/// `ctx config` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Cmd {
+    /// The staged changes against the active generation (A added, M modified, D deleted).
+    Status(At),
+    /// The staged changes, line by line.
+    Diff(At),
+    /// Activate the staged configuration as a new generation (the first commit makes the
+    /// storage's configuration a repository).
+    Commit {
+        #[command(flatten)]
+        at: At,
+        /// What changed and why.
+        #[arg(short, long)]
+        message: String,
+    },
+    /// The generations, newest first: id, time, who, what.
+    Log {
+        #[command(flatten)]
+        at: At,
+        /// At most this many.
+        #[arg(short = 'n', long, default_value_t = 20)]
+        max: usize,
+    },
+    /// Activate an older generation's configuration as a new commit (the work tree follows).
+    Rollback {
+        #[command(flatten)]
+        at: At,
+        /// The generation: an id, a prefix of one (4 hex digits or more), or HEAD~N.
+        rev: String,
+    },
+}
+
+/// Where the storage is.
+#[derive(Debug, clap::Args)]
+pub struct At {
+    /// The storage directory.
+    #[arg(long, default_value = DEFAULT_STORAGE)]
+    pub source: PathBuf,
+}
+
+/// Who makes a change from this command line: the user, by uid (and by name through sudo).
+pub fn who() -> String {
+    let uid = rustix::process::getuid().as_raw();
+    match std::env::var("SUDO_USER") {
+        Ok(u) if !u.is_empty() => format!("uid {uid} (sudo by {u})"),
+        _ => format!("uid {uid}"),
+    }
+}
+
+fn failed(e: Error) -> anyhow::Error {
+    let code = match e {
+        Error::Invalid(_) | Error::NoRevision(_) => exit::INVALID,
+        Error::Io { .. } | Error::Git(_) => exit::FAILURE,
+    };
+    Exit::new(code, e.to_string()).into()
+}
+
+/// Commits the staged changes below `paths` (a command's own change) when the storage's
+/// configuration is a repository, with `message` saying what and who; returns the new
+/// generation. Nothing is done for a storage that is not one.
+pub fn own_change(storage: &Path, paths: &[String], message: &str) -> anyhow::Result<Option<String>> {
+    if !generations::is_repository(storage) {
+        return Ok(None);
+    }
+    let who = who();
+    let c = Commit { message: &format!("{message}\n\nby {who}"), who: &who, only: Some(paths) };
+    generations::commit(storage, &c).map_err(failed)
+}
+
+/// Waits (up to 3 s) until the daemon serving `storage` at `ctx` serves generation `id`.
+pub fn served(ctx: &Path, id: &str) {
+    let t = std::time::Instant::now();
+    while t.elapsed() < std::time::Duration::from_secs(3) {
+        // root's: the daemon's status file
+        let status = std::fs::read_to_string(ctx.join("status")).unwrap_or_default();
+        if policy::status::field(&status, "generation") == Some(id) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Runs `ctx config ...`.
+pub fn run(cmd: Cmd) -> anyhow::Result<()> {
+    match cmd {
+        Cmd::Status(at) => {
+            let changes = generations::status(&at.source).map_err(failed)?;
+            if !generations::is_repository(&at.source) {
+                out::line(
+                    "not a repository yet: agents are served the storage as it is (ctx config commit makes the first generation)",
+                )?;
+            }
+            for c in changes {
+                out::line(format_args!("{} {}", c.kind, c.path))?;
+            }
+            Ok(())
+        }
+        Cmd::Diff(at) => {
+            let d = generations::diff(&at.source).map_err(failed)?;
+            for l in d.lines() {
+                out::line(l)?;
+            }
+            Ok(())
+        }
+        Cmd::Commit { at, message } => {
+            if message.trim().is_empty() {
+                return Err(
+                    Exit::new(exit::INVALID, "a commit needs a message (-m): what changed and why").into()
+                );
+            }
+            let who = who();
+            let c = Commit { message: &message, who: &who, only: None };
+            match generations::commit(&at.source, &c).map_err(failed)? {
+                Some(id) => {
+                    if let Some(ctx) = crate::cmd::agent::served_at(&at.source) {
+                        served(&ctx, &id);
+                    }
+                    out::line(format_args!("generation {id} active"))
+                }
+                None => out::line("nothing staged: the active generation stays"),
+            }
+        }
+        Cmd::Log { at, max } => {
+            for g in generations::log(&at.source, max).map_err(failed)? {
+                let when = humantime::format_rfc3339_seconds(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_secs(g.time.max(0) as u64),
+                );
+                let first = g.message.lines().next().unwrap_or("");
+                out::line(format_args!("{} {when} {}: {first}", &g.id[..12], g.who))?;
+            }
+            Ok(())
+        }
+        Cmd::Rollback { at, rev } => {
+            let id = generations::rollback(&at.source, &rev, &who()).map_err(failed)?;
+            if let Some(ctx) = crate::cmd::agent::served_at(&at.source) {
+                served(&ctx, &id);
+            }
+            out::line(format_args!("generation {id} active (the configuration of {rev})"))
+        }
+    }
+}

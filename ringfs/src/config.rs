@@ -1,0 +1,814 @@
+//! Configuration generations: the storage's objects and their controls as a git repository,
+//! and the one commit that is served (spec: "Git and activation semantics").
+//!
+//! The storage directory is the work tree: edits made there (by hand, through the host view
+//! of `/ctx`, by `ctx` commands) are staged, never authoritative. What agents are served and
+//! what launches read is the *active generation*: the tree of one commit, checked out under
+//! `<storage>/.cortexfs/generation/<commit>/` and named by the symlink `generation/active`,
+//! which is replaced in one `rename`. A commit is the only way a generation becomes active:
+//! [`commit`] (all staged changes, or only those below some paths) checks every control it
+//! takes in, writes the commit, checks its tree out and then swaps `active`; a restart serves
+//! the commit `HEAD` names ([`ensure`]), whatever the work tree holds.
+//!
+//! Versioned: every regular file and directory below `tool/`, `agent/` and `model/` but
+//! dot names (staging residue), sockets and the runtime controls (`log`, `status`, `pid`):
+//! append-only state never waits on a commit. Git keeps contents and the execute bit; the
+//! rest of each entry's mode and its owner are kept in the tree's `.owners` file (`MODE UID
+//! GID PATH` per line, directories included, so an empty directory is a generation's too).
+//!
+//! The repository is `<storage>/.cortexfs/config.git` (bare, root's alone); commits are
+//! serialized by a lock on `<storage>/.cortexfs/config.lock`.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use gix::bstr::ByteSlice;
+use policy::controls::{self, ObjectClass, Owner};
+
+/// The directory of CortexFS's own state inside a storage (hidden from every view).
+pub const DIR: &str = ".cortexfs";
+const REPO: &str = "config.git";
+const GENERATIONS: &str = "generation";
+const LOCK: &str = "config.lock";
+/// The name of the active generation's symlink in the generations directory.
+pub const ACTIVE: &str = "active";
+/// The tree file holding every entry's mode and owner.
+pub const OWNERS: &str = ".owners";
+/// The versioned class directories.
+pub const CLASSES: [&str; 3] = ["tool", "agent", "model"];
+/// Generations kept checked out: the active one and those before it (views may still be
+/// reading one they opened).
+const KEPT: usize = 3;
+
+/// What went wrong with the configuration repository.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file system operation failed.
+    #[error("{what}: {path}: {source}")]
+    Io {
+        /// The operation.
+        what: &'static str,
+        /// Its path.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// The repository refused an operation.
+    #[error("configuration repository: {0}")]
+    Git(String),
+    /// Staged controls that do not parse: nothing was committed.
+    #[error("not committed: {}", .0.join("; "))]
+    Invalid(Vec<String>),
+    /// A revision that names no generation.
+    #[error("no generation {0}")]
+    NoRevision(String),
+}
+
+/// The result of this module's operations.
+pub type Result<T> = std::result::Result<T, Error>;
+
+fn git(e: impl std::fmt::Display) -> Error {
+    Error::Git(e.to_string())
+}
+
+fn io_at<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Error + 'a {
+    move |source| Error::Io { what, path: path.to_path_buf(), source }
+}
+
+/// One versioned entry: a directory, or a file with its bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// `st_mode` (type and permission bits).
+    pub mode: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// A file's contents; `None` for a directory.
+    pub bytes: Option<Vec<u8>>,
+}
+
+/// A configuration tree: storage-relative path to entry.
+pub type Tree = BTreeMap<String, Entry>;
+
+/// A generation: one commit of the configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Generation {
+    /// The commit's id (hex).
+    pub id: String,
+    /// When it was made (seconds since the epoch).
+    pub time: i64,
+    /// Who made it.
+    pub who: String,
+    /// What it changed, as its maker said.
+    pub message: String,
+}
+
+/// One staged change against the active generation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    /// `A` added, `M` modified (contents, mode or owner), `D` deleted.
+    pub kind: char,
+    /// The storage-relative path.
+    pub path: String,
+}
+
+/// The repository's directory.
+pub fn repo_dir(storage: &Path) -> PathBuf {
+    storage.join(DIR).join(REPO)
+}
+
+/// The directory holding the checked-out generations.
+pub fn generations_dir(storage: &Path) -> PathBuf {
+    storage.join(DIR).join(GENERATIONS)
+}
+
+/// The active generation's directory (through its symlink), when the storage has one: where
+/// configuration is read from. `None` for a storage that was never made a repository.
+pub fn active(storage: &Path) -> Option<PathBuf> {
+    let link = generations_dir(storage).join(ACTIVE);
+    let target = fs::read_link(&link).ok()?;
+    let dir = generations_dir(storage).join(target);
+    dir.is_dir().then_some(dir)
+}
+
+/// Whether the storage's configuration is a repository (then agents are served its active
+/// generation, and only a commit changes what they see).
+pub fn is_repository(storage: &Path) -> bool {
+    repo_dir(storage).join("HEAD").is_file()
+}
+
+/// The active generation's commit id, when there is one.
+pub fn active_id(storage: &Path) -> Option<String> {
+    let link = fs::read_link(generations_dir(storage).join(ACTIVE)).ok()?;
+    link.to_str().map(str::to_owned)
+}
+
+/// Where configuration at storage path `rel` is read from: the active generation when the
+/// storage has one, else the storage itself.
+pub fn read_root(storage: &Path) -> PathBuf {
+    active(storage).unwrap_or_else(|| storage.to_path_buf())
+}
+
+/// Whether the storage-relative path `rel` is versioned configuration.
+pub fn tracked(rel: &str) -> bool {
+    let parts: Vec<&str> = rel.split('/').collect();
+    if !CLASSES.contains(&parts[0]) || parts.iter().any(|p| p.is_empty() || p.starts_with('.')) {
+        return false;
+    }
+    let last = parts[parts.len() - 1];
+    if parts.len() > 1 && last.ends_with(".sock") {
+        return false;
+    }
+    !matches!(control_of(rel), Some((class, _, c)) if controls::classify(class, &c) == Some(Owner::Runtime))
+}
+
+/// The object class, object name and control name of a control's path
+/// (`agent/x.d/policy`, `model/p/m.d/cap`, `tool/t.d/hooks/pre.d/h`).
+pub fn control_of(rel: &str) -> Option<(ObjectClass, String, String)> {
+    let parts: Vec<&str> = rel.split('/').collect();
+    let class = ObjectClass::parse(parts[0])?;
+    let i = parts.iter().position(|p| p.ends_with(".d"))?;
+    if i == 0 || i + 1 >= parts.len() {
+        return None;
+    }
+    let object = parts[1..=i].join("/");
+    let object = object.strip_suffix(".d")?.to_owned();
+    Some((class, object, parts[i + 1..].join("/")))
+}
+
+fn in_scope(rel: &str, scope: Option<&[String]>) -> bool {
+    scope.is_none_or(|s| {
+        s.iter()
+            .any(|p| rel == p || (rel.starts_with(p.as_str()) && rel.as_bytes().get(p.len()) == Some(&b'/')))
+    })
+}
+
+/// The work tree's configuration below `storage` (all of it, or the paths in `scope` and
+/// what is below them), as it is now.
+pub fn staged(storage: &Path, scope: Option<&[String]>) -> Result<Tree> {
+    let mut tree = Tree::new();
+    fn walk(root: &Path, rel: &str, scope: Option<&[String]>, tree: &mut Tree) -> Result<()> {
+        let at = root.join(rel);
+        let rd = match fs::read_dir(&at) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io_at("read directory", &at)(e)),
+        };
+        for e in rd {
+            let e = e.map_err(io_at("read directory", &at))?;
+            let Some(name) = e.file_name().to_str().map(str::to_owned) else { continue };
+            let child = if rel.is_empty() { name } else { format!("{rel}/{name}") };
+            if !tracked(&child) {
+                continue;
+            }
+            let meta = fs::symlink_metadata(e.path()).map_err(io_at("stat", &e.path()))?;
+            let inside = in_scope(&child, scope);
+            // Directories above the scope are walked through, not taken.
+            let above =
+                !inside && scope.is_some_and(|s| s.iter().any(|p| p.starts_with(&format!("{child}/"))));
+            if meta.is_dir() {
+                if inside {
+                    tree.insert(
+                        child.clone(),
+                        Entry { mode: meta.mode(), uid: meta.uid(), gid: meta.gid(), bytes: None },
+                    );
+                }
+                if inside || above {
+                    walk(root, &child, scope, tree)?;
+                }
+            } else if meta.is_file() && inside {
+                let bytes = fs::read(e.path()).map_err(io_at("read", &e.path()))?;
+                tree.insert(
+                    child,
+                    Entry { mode: meta.mode(), uid: meta.uid(), gid: meta.gid(), bytes: Some(bytes) },
+                );
+            }
+        }
+        Ok(())
+    }
+    for class in CLASSES {
+        let meta = match fs::symlink_metadata(storage.join(class)) {
+            Ok(m) if m.is_dir() => m,
+            _ => continue,
+        };
+        let inside = in_scope(class, scope);
+        if inside {
+            tree.insert(
+                class.into(),
+                Entry { mode: meta.mode(), uid: meta.uid(), gid: meta.gid(), bytes: None },
+            );
+        }
+        walk(storage, class, scope, &mut tree)?;
+    }
+    Ok(tree)
+}
+
+/// Every control in `tree` that does not parse, as `path: why`.
+pub fn invalid(tree: &Tree) -> Vec<String> {
+    let mut out = Vec::new();
+    for (rel, e) in tree {
+        let (Some(bytes), Some((class, object, control))) = (&e.bytes, control_of(rel)) else { continue };
+        if controls::classify(class, &control).is_none() {
+            continue;
+        }
+        if let Err(why) = controls::validate(class, &object, &control, bytes) {
+            out.push(format!("{rel}: {why}"));
+        }
+    }
+    out
+}
+
+fn owners_text(tree: &Tree) -> String {
+    let mut s = String::new();
+    for (rel, e) in tree {
+        s.push_str(&format!("{:o} {} {} {rel}\n", e.mode, e.uid, e.gid));
+    }
+    s
+}
+
+/// The `.owners` file's lines, by path.
+fn parse_owners(text: &str) -> BTreeMap<String, (u32, u32, u32)> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let mut f = line.splitn(4, ' ');
+        let (Some(m), Some(u), Some(g), Some(p)) = (f.next(), f.next(), f.next(), f.next()) else { continue };
+        let (Ok(m), Ok(u), Ok(g)) = (u32::from_str_radix(m, 8), u.parse(), g.parse()) else { continue };
+        if tracked(p) {
+            out.insert(p.to_owned(), (m, u, g));
+        }
+    }
+    out
+}
+
+fn open_repo(storage: &Path) -> Result<Option<gix::Repository>> {
+    let dir = repo_dir(storage);
+    if !dir.join("HEAD").exists() {
+        return Ok(None);
+    }
+    gix::open(&dir).map(Some).map_err(git)
+}
+
+fn head_commit(repo: &gix::Repository) -> Option<gix::Commit<'_>> {
+    repo.head_commit().ok()
+}
+
+/// The tree of commit `id`.
+pub fn read_tree(storage: &Path, id: &str) -> Result<Tree> {
+    let repo = open_repo(storage)?.ok_or_else(|| Error::NoRevision(id.into()))?;
+    let oid = gix::ObjectId::from_hex(id.as_bytes()).map_err(|_| Error::NoRevision(id.into()))?;
+    tree_of(&repo, oid)
+}
+
+fn tree_of(repo: &gix::Repository, commit: gix::ObjectId) -> Result<Tree> {
+    let commit = repo.find_commit(commit).map_err(git)?;
+    let tree = commit.tree().map_err(git)?;
+    let mut rec = gix::traverse::tree::Recorder::default();
+    tree.traverse().breadthfirst(&mut rec).map_err(git)?;
+    let mut files = BTreeMap::new();
+    let mut owners = BTreeMap::new();
+    for r in rec.records {
+        if !r.mode.is_blob() {
+            continue;
+        }
+        let data = repo.find_object(r.oid).map_err(git)?.data.clone();
+        let path = r.filepath.to_str_lossy().into_owned();
+        if path == OWNERS {
+            owners = parse_owners(&String::from_utf8_lossy(&data));
+        } else if tracked(&path) {
+            files.insert(path, data);
+        }
+    }
+    let mut out = Tree::new();
+    for (path, (mode, uid, gid)) in owners {
+        let bytes = files.remove(&path);
+        if (mode & libc_ifmt()) == 0o040000 || bytes.is_some() {
+            out.insert(path, Entry { mode, uid, gid, bytes });
+        }
+    }
+    // Files without an owner line: root's, mode from git.
+    for (path, bytes) in files {
+        out.insert(path, Entry { mode: 0o100644, uid: 0, gid: 0, bytes: Some(bytes) });
+    }
+    Ok(out)
+}
+
+const fn libc_ifmt() -> u32 {
+    0o170000
+}
+
+struct Locked {
+    _file: fs::File,
+}
+
+fn lock(storage: &Path) -> Result<Locked> {
+    let dir = storage.join(DIR);
+    fs::create_dir_all(&dir).map_err(io_at("create", &dir))?;
+    let _ = fs::set_permissions(&dir, fs::Permissions::from_mode(0o700));
+    let p = dir.join(LOCK);
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&p)
+        .map_err(io_at("open", &p))?;
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| io_at("lock", &p)(e.into()))?;
+    Ok(Locked { _file: f })
+}
+
+/// What a commit is made of.
+#[derive(Clone, Debug)]
+pub struct Commit<'a> {
+    /// What changed and why.
+    pub message: &'a str,
+    /// Who: a person (`root`, `uid 1000`) or an agent run.
+    pub who: &'a str,
+    /// Only the staged changes below these storage paths; `None` for all of them.
+    pub only: Option<&'a [String]>,
+}
+
+fn write_commit(repo: &gix::Repository, tree: &Tree, message: &str, who: &str) -> Result<String> {
+    let mut editor = repo.empty_tree().edit().map_err(git)?;
+    for (rel, e) in tree {
+        let Some(bytes) = &e.bytes else { continue };
+        let blob = repo.write_blob(bytes).map_err(git)?.detach();
+        let kind = if e.mode & 0o111 != 0 {
+            gix::object::tree::EntryKind::BlobExecutable
+        } else {
+            gix::object::tree::EntryKind::Blob
+        };
+        editor.upsert(rel.as_str(), kind, blob).map_err(git)?;
+    }
+    let owners = repo.write_blob(owners_text(tree).as_bytes()).map_err(git)?.detach();
+    editor.upsert(OWNERS, gix::object::tree::EntryKind::Blob, owners).map_err(git)?;
+    let tree_id = editor.write().map_err(git)?.detach();
+    let sig = gix::actor::Signature {
+        name: who.into(),
+        email: "cortexfs@localhost".into(),
+        time: gix::date::Time::now_local_or_utc(),
+    };
+    let mut buf = gix::date::parse::TimeBuf::default();
+    let sig = sig.to_ref(&mut buf);
+    let parents: Vec<gix::ObjectId> = head_commit(repo).map(|c| c.id).into_iter().collect();
+    let id = repo.commit_as(sig, sig, "HEAD", message, tree_id, parents).map_err(git)?;
+    Ok(id.detach().to_hex().to_string())
+}
+
+/// Makes the staged configuration (all of it, or below `c.only`) a new generation and
+/// activates it. Returns its id, or `None` when nothing staged differs from the active
+/// generation. Refused, with nothing changed, when a staged control does not parse.
+pub fn commit(storage: &Path, c: &Commit<'_>) -> Result<Option<String>> {
+    let _lock = lock(storage)?;
+    let repo = match open_repo(storage)? {
+        Some(r) => r,
+        None => init(storage)?,
+    };
+    let head = head_commit(&repo).map(|c| c.id);
+    // The first commit takes the whole configuration: a generation is never a part of one.
+    let c = &Commit { only: c.only.filter(|_| head.is_some()), ..c.clone() };
+    let base = match head {
+        Some(h) => tree_of(&repo, h)?,
+        None => Tree::new(),
+    };
+    let taken = staged(storage, c.only)?;
+    let bad = invalid(&taken);
+    if !bad.is_empty() {
+        return Err(Error::Invalid(bad));
+    }
+    let mut next: Tree =
+        base.iter().filter(|(p, _)| !in_scope(p, c.only)).map(|(p, e)| (p.clone(), e.clone())).collect();
+    next.extend(taken);
+    if head.is_some() && next == base {
+        return Ok(None);
+    }
+    let id = write_commit(&repo, &next, c.message, c.who)?;
+    durable(storage)?;
+    check_out(storage, &id, &next)?;
+    Ok(Some(id))
+}
+
+/// Flushes the repository's filesystem: a commit is on disk before it is activated.
+fn durable(storage: &Path) -> Result<()> {
+    let dir = repo_dir(storage);
+    let f = fs::File::open(&dir).map_err(io_at("open", &dir))?;
+    rustix::fs::syncfs(&f).map_err(|e| io_at("sync", &dir)(e.into()))
+}
+
+fn init(storage: &Path) -> Result<gix::Repository> {
+    let dir = repo_dir(storage);
+    fs::create_dir_all(storage.join(DIR)).map_err(io_at("create", &storage.join(DIR)))?;
+    gix::init_bare(&dir).map_err(git)
+}
+
+/// Checks `tree` out as generation `id` and makes it the active one: files that the active
+/// generation already holds identically are linked, not copied.
+fn check_out(storage: &Path, id: &str, tree: &Tree) -> Result<()> {
+    let gens = generations_dir(storage);
+    fs::create_dir_all(&gens).map_err(io_at("create", &gens))?;
+    let done = gens.join(id);
+    if !done.is_dir() {
+        let prev = active(storage);
+        let prev_tree =
+            prev.as_ref().and_then(|_| active_id(storage)).and_then(|p| read_tree(storage, &p).ok());
+        let tmp = gens.join(format!(".{id}.{}", std::process::id()));
+        let _ = fs::remove_dir_all(&tmp);
+        fs::create_dir(&tmp).map_err(io_at("create", &tmp))?;
+        for c in CLASSES {
+            let d = tmp.join(c);
+            fs::create_dir(&d).map_err(io_at("create", &d))?;
+        }
+        for (rel, e) in tree {
+            let at = tmp.join(rel);
+            match &e.bytes {
+                None => match fs::create_dir(&at) {
+                    Ok(()) => {}
+                    Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(err) => return Err(io_at("create", &at)(err)),
+                },
+                Some(bytes) => {
+                    let same = prev_tree.as_ref().and_then(|t| t.get(rel)).is_some_and(|p| p == e);
+                    let linked =
+                        same && prev.as_ref().is_some_and(|p| fs::hard_link(p.join(rel), &at).is_ok());
+                    if !linked {
+                        fs::write(&at, bytes).map_err(io_at("write", &at))?;
+                    }
+                }
+            }
+            if !(e.bytes.is_some() && prev_tree.as_ref().and_then(|t| t.get(rel)).is_some_and(|p| p == e)) {
+                rustix::fs::chown(
+                    &at,
+                    Some(rustix::fs::Uid::from_raw(e.uid)),
+                    Some(rustix::fs::Gid::from_raw(e.gid)),
+                )
+                .map_err(|err| io_at("chown", &at)(err.into()))?;
+                fs::set_permissions(&at, fs::Permissions::from_mode(e.mode & 0o7777))
+                    .map_err(io_at("chmod", &at))?;
+            }
+        }
+        // Directories' modes again: a file written inside may not have needed them writable.
+        match fs::rename(&tmp, &done) {
+            Ok(()) => {}
+            Err(_) if done.is_dir() => {
+                let _ = fs::remove_dir_all(&tmp);
+            }
+            Err(e) => return Err(io_at("rename", &done)(e)),
+        }
+    }
+    let link = gens.join(format!(".{ACTIVE}.{}", std::process::id()));
+    let _ = fs::remove_file(&link);
+    std::os::unix::fs::symlink(id, &link).map_err(io_at("link", &link))?;
+    fs::rename(&link, gens.join(ACTIVE)).map_err(io_at("rename", &gens.join(ACTIVE)))?;
+    prune(storage, id);
+    Ok(())
+}
+
+/// Removes checked-out generations but the newest [`KEPT`] (the active one always kept).
+fn prune(storage: &Path, active: &str) {
+    let gens = generations_dir(storage);
+    let Ok(rd) = fs::read_dir(&gens) else { return };
+    let mut dirs: Vec<(std::time::SystemTime, PathBuf)> = rd
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            !n.starts_with('.') && n != ACTIVE && n != active
+        })
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    dirs.sort();
+    let drop = dirs.len().saturating_sub(KEPT - 1);
+    for (_, d) in dirs.into_iter().take(drop) {
+        let _ = fs::remove_dir_all(d);
+    }
+}
+
+/// Makes sure the storage serves a committed generation: an existing storage without a
+/// repository becomes one, its configuration as it is the first commit; a generation that is
+/// not `HEAD`'s (a commit interrupted before its activation) is replaced by `HEAD`'s. Returns
+/// the active generation's id.
+pub fn ensure(storage: &Path) -> Result<String> {
+    let _lock = lock(storage)?;
+    let repo = match open_repo(storage)? {
+        Some(r) => r,
+        None => init(storage)?,
+    };
+    let id = match head_commit(&repo) {
+        Some(c) => c.id.to_hex().to_string(),
+        None => {
+            let tree = staged(storage, None)?;
+            let id = write_commit(&repo, &tree, "the storage's configuration as it was found", "cortexfs")?;
+            durable(storage)?;
+            id
+        }
+    };
+    if active_id(storage).as_deref() != Some(id.as_str()) || active(storage).is_none() {
+        let tree = tree_of(&repo, gix::ObjectId::from_hex(id.as_bytes()).map_err(git)?)?;
+        check_out(storage, &id, &tree)?;
+    }
+    Ok(id)
+}
+
+/// The generations, newest first (`HEAD` and its first parents), at most `max`.
+pub fn log(storage: &Path, max: usize) -> Result<Vec<Generation>> {
+    let Some(repo) = open_repo(storage)? else { return Ok(Vec::new()) };
+    let mut out = Vec::new();
+    let mut at = head_commit(&repo).map(|c| c.id);
+    while let Some(id) = at {
+        if out.len() == max {
+            break;
+        }
+        let c = repo.find_commit(id).map_err(git)?;
+        let author = c.author().map_err(git)?;
+        let time = author.time().map(|t| t.seconds).unwrap_or(0);
+        out.push(Generation {
+            id: id.to_hex().to_string(),
+            time,
+            who: author.name.to_str_lossy().into_owned(),
+            message: c.message_raw_sloppy().to_str_lossy().trim_end().to_owned(),
+        });
+        at = c.parent_ids().next().map(|p| p.detach());
+    }
+    Ok(out)
+}
+
+/// The generation `rev` names: a commit id or a prefix of one (at least 4 hex digits) among
+/// the generations, or `HEAD~N`.
+pub fn resolve(storage: &Path, rev: &str) -> Result<Generation> {
+    let all = log(storage, usize::MAX)?;
+    if let Some(n) = rev.strip_prefix("HEAD~").or_else(|| (rev == "HEAD").then_some("0")) {
+        let n: usize = n.parse().map_err(|_| Error::NoRevision(rev.into()))?;
+        return all.into_iter().nth(n).ok_or_else(|| Error::NoRevision(rev.into()));
+    }
+    if rev.len() < 4 || !rev.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(Error::NoRevision(rev.into()));
+    }
+    let mut hits = all.into_iter().filter(|g| g.id.starts_with(&rev.to_ascii_lowercase()));
+    match (hits.next(), hits.next()) {
+        (Some(g), None) => Ok(g),
+        _ => Err(Error::NoRevision(rev.into())),
+    }
+}
+
+/// The staged changes against the active generation.
+pub fn status(storage: &Path) -> Result<Vec<Change>> {
+    let base = match active_id(storage) {
+        Some(id) => read_tree(storage, &id)?,
+        None => Tree::new(),
+    };
+    let work = staged(storage, None)?;
+    let mut out = Vec::new();
+    for (p, e) in &work {
+        match base.get(p) {
+            None => out.push(Change { kind: 'A', path: p.clone() }),
+            Some(b) if b != e => out.push(Change { kind: 'M', path: p.clone() }),
+            _ => {}
+        }
+    }
+    for p in base.keys().filter(|p| !work.contains_key(*p)) {
+        out.push(Change { kind: 'D', path: p.clone() });
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(out)
+}
+
+/// The staged changes as a diff: for each changed file, its active lines `-`, its staged
+/// lines `+` (a control is a few lines; binary files are named, not shown).
+pub fn diff(storage: &Path) -> Result<String> {
+    let base = match active_id(storage) {
+        Some(id) => read_tree(storage, &id)?,
+        None => Tree::new(),
+    };
+    let work = staged(storage, None)?;
+    let mut out = String::new();
+    for ch in status(storage)? {
+        let (old, new) = (base.get(&ch.path), work.get(&ch.path));
+        out.push_str(&format!("--- a/{}\n+++ b/{}\n", ch.path, ch.path));
+        let mode = |e: Option<&Entry>| e.map(|e| format!("{:o} {}:{}", e.mode, e.uid, e.gid));
+        if mode(old) != mode(new) {
+            out.push_str(&format!(
+                "mode {} -> {}\n",
+                mode(old).unwrap_or_else(|| "-".into()),
+                mode(new).unwrap_or_else(|| "-".into())
+            ));
+        }
+        fn text(e: Option<&Entry>) -> Option<Option<&str>> {
+            e.and_then(|e| e.bytes.as_ref()).map(|b| std::str::from_utf8(b).ok())
+        }
+        match (text(old), text(new)) {
+            (Some(None), _) | (_, Some(None)) => out.push_str("binary contents differ\n"),
+            (o, n) => {
+                let (o, n) = (o.flatten().unwrap_or(""), n.flatten().unwrap_or(""));
+                if o != n {
+                    o.lines().for_each(|l| out.push_str(&format!("-{l}\n")));
+                    n.lines().for_each(|l| out.push_str(&format!("+{l}\n")));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Activates the tree of generation `rev` as a new commit, and makes the work tree's
+/// configuration that tree (staged edits are replaced). Returns the new generation's id.
+pub fn rollback(storage: &Path, rev: &str, who: &str) -> Result<String> {
+    let target = resolve(storage, rev)?;
+    let tree = read_tree(storage, &target.id)?;
+    let _lock = lock(storage)?;
+    let repo = open_repo(storage)?.ok_or_else(|| Error::NoRevision(rev.into()))?;
+    let short = &target.id[..12];
+    let message = format!("rollback to {short}: {}", target.message.lines().next().unwrap_or(""));
+    let id = write_commit(&repo, &tree, &message, who)?;
+    durable(storage)?;
+    write_work_tree(storage, &tree)?;
+    check_out(storage, &id, &tree)?;
+    Ok(id)
+}
+
+/// Makes the work tree's configuration `tree`: changed files rewritten in place (through a
+/// temporary name and a rename), files and directories it does not hold removed.
+fn write_work_tree(storage: &Path, tree: &Tree) -> Result<()> {
+    let work = staged(storage, None)?;
+    for (rel, e) in tree {
+        if work.get(rel) == Some(e) {
+            continue;
+        }
+        let at = storage.join(rel);
+        match &e.bytes {
+            None => {
+                let _ = fs::create_dir_all(&at);
+            }
+            Some(bytes) => {
+                let tmp = at.with_file_name(format!(
+                    ".{}.rollback",
+                    at.file_name().and_then(|n| n.to_str()).unwrap_or("f")
+                ));
+                fs::write(&tmp, bytes).map_err(io_at("write", &tmp))?;
+                rustix::fs::chown(
+                    &tmp,
+                    Some(rustix::fs::Uid::from_raw(e.uid)),
+                    Some(rustix::fs::Gid::from_raw(e.gid)),
+                )
+                .map_err(|err| io_at("chown", &tmp)(err.into()))?;
+                fs::set_permissions(&tmp, fs::Permissions::from_mode(e.mode & 0o7777))
+                    .map_err(io_at("chmod", &tmp))?;
+                fs::rename(&tmp, &at).map_err(io_at("rename", &at))?;
+            }
+        }
+    }
+    let mut gone: Vec<&String> = work.keys().filter(|p| !tree.contains_key(*p)).collect();
+    gone.reverse(); // children before their directories
+    for rel in gone {
+        let at = storage.join(rel);
+        if work[rel].bytes.is_some() {
+            let _ = fs::remove_file(&at);
+        } else {
+            let _ = fs::remove_dir(&at);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn storage() -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        for c in CLASSES {
+            fs::create_dir(d.path().join(c)).unwrap();
+        }
+        fs::create_dir(d.path().join("agent/a.d")).unwrap();
+        fs::write(d.path().join("agent/a"), b"#!/bin/sh\n").unwrap();
+        fs::set_permissions(d.path().join("agent/a"), fs::Permissions::from_mode(0o755)).unwrap();
+        fs::write(d.path().join("agent/a.d/label"), b"a\n").unwrap();
+        fs::write(d.path().join("agent/a.d/policy"), b"allow a tool:x execute\n").unwrap();
+        fs::write(d.path().join("agent/a.d/log"), b"{}\n").unwrap();
+        d
+    }
+
+    #[test]
+    fn a_storage_becomes_a_repository_and_edits_wait_for_a_commit() {
+        let d = storage();
+        let s = d.path();
+        let first = ensure(s).unwrap();
+        let generation = active(s).unwrap();
+        assert_eq!(fs::read(generation.join("agent/a.d/policy")).unwrap(), b"allow a tool:x execute\n");
+        assert!(!generation.join("agent/a.d/log").exists(), "logs are never versioned");
+        assert_eq!(fs::metadata(generation.join("agent/a")).unwrap().mode() & 0o777, 0o755);
+        // An edit is staged: the generation is unchanged.
+        fs::write(s.join("agent/a.d/policy"), b"allow a tool:y execute\n").unwrap();
+        assert_eq!(status(s).unwrap(), vec![Change { kind: 'M', path: "agent/a.d/policy".into() }]);
+        assert!(diff(s).unwrap().contains("-allow a tool:x execute\n+allow a tool:y execute\n"));
+        assert_eq!(
+            fs::read(active(s).unwrap().join("agent/a.d/policy")).unwrap(),
+            b"allow a tool:x execute\n"
+        );
+        // A restart serves the commit, whatever the work tree holds.
+        assert_eq!(ensure(s).unwrap(), first);
+        let c = Commit { message: "grant y", who: "root", only: None };
+        let second = commit(s, &c).unwrap().unwrap();
+        assert_eq!(
+            fs::read(active(s).unwrap().join("agent/a.d/policy")).unwrap(),
+            b"allow a tool:y execute\n"
+        );
+        assert!(status(s).unwrap().is_empty());
+        assert_eq!(commit(s, &c).unwrap(), None, "nothing staged, nothing committed");
+        let log = log(s, 10).unwrap();
+        assert_eq!(log.iter().map(|g| g.id.as_str()).collect::<Vec<_>>(), [second.as_str(), first.as_str()]);
+        assert_eq!((log[0].who.as_str(), log[0].message.as_str()), ("root", "grant y"));
+        // Rollback: a new commit with the old tree, and the work tree follows.
+        let third = rollback(s, &first[..8], "root").unwrap();
+        assert_eq!(active_id(s).unwrap(), third);
+        assert_eq!(fs::read(s.join("agent/a.d/policy")).unwrap(), b"allow a tool:x execute\n");
+        assert_eq!(
+            fs::read(active(s).unwrap().join("agent/a.d/policy")).unwrap(),
+            b"allow a tool:x execute\n"
+        );
+        assert!(status(s).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_control_that_does_not_parse_is_never_committed() {
+        let d = storage();
+        let s = d.path();
+        let first = ensure(s).unwrap();
+        fs::write(s.join("agent/a.d/policy"), b"allow a tool:").unwrap();
+        let e = commit(s, &Commit { message: "torn", who: "root", only: None }).unwrap_err();
+        assert!(matches!(e, Error::Invalid(_)), "{e}");
+        assert_eq!(active_id(s).unwrap(), first);
+    }
+
+    #[test]
+    fn a_commit_of_some_paths_leaves_the_other_staged_edits_staged() {
+        let d = storage();
+        let s = d.path();
+        ensure(s).unwrap();
+        fs::create_dir(s.join("agent/b.d")).unwrap();
+        fs::write(s.join("agent/b"), b"b").unwrap();
+        fs::write(s.join("agent/b.d/label"), b"b\n").unwrap();
+        fs::write(s.join("agent/a.d/policy"), b"allow a tool:z execute\n").unwrap();
+        let only = ["agent/b".to_string(), "agent/b.d".to_string()];
+        commit(s, &Commit { message: "new agent b", who: "root", only: Some(&only) }).unwrap().unwrap();
+        let generation = active(s).unwrap();
+        assert!(generation.join("agent/b.d/label").exists());
+        assert_eq!(fs::read(generation.join("agent/a.d/policy")).unwrap(), b"allow a tool:x execute\n");
+        assert_eq!(status(s).unwrap(), vec![Change { kind: 'M', path: "agent/a.d/policy".into() }]);
+    }
+
+    #[test]
+    fn what_is_versioned() {
+        assert!(tracked("agent/a.d/policy"));
+        assert!(tracked("model/p/m.d/cap"));
+        assert!(!tracked("agent/a.d/log"));
+        assert!(!tracked("tool/t.d/status"));
+        assert!(!tracked("agent/a.sock"));
+        assert!(!tracked("agent/.cortexfs-stage.x"));
+        assert!(!tracked("home/0/x"));
+        assert_eq!(control_of("model/p/m.d/cap"), Some((ObjectClass::Model, "p/m".into(), "cap".into())));
+    }
+}
