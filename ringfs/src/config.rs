@@ -4,7 +4,8 @@
 //! The storage directory is the work tree: edits made there (by hand, through the host view
 //! of `/ctx`, by `ctx` commands) are staged, never authoritative. What agents are served and
 //! what launches read is the *active generation*: the tree of one commit, checked out under
-//! `<storage>/.cortexfs/generation/<commit>/` and named by the symlink `generation/active`,
+//! `/run/cortexfs/generation/<storage>/generation/<commit>/` ([`generations_dir`]) and named
+//! by the symlink `active` beside it,
 //! which is replaced in one `rename`. A commit is the only way a generation becomes active:
 //! [`commit`] (all staged changes, or only those below some paths) checks every control it
 //! takes in, writes the commit, checks its tree out and then swaps `active`; a restart serves
@@ -121,9 +122,20 @@ pub fn repo_dir(storage: &Path) -> PathBuf {
     storage.join(DIR).join(REPO)
 }
 
-/// The directory holding the checked-out generations.
+/// Where checked-out generations live: derived state, rebuilt from the repository whenever
+/// it is missing, so it is kept in memory (`/run`) rather than written to the storage's disk
+/// at every commit.
+pub const GENERATIONS_ROOT: &str = "/run/cortexfs/generation";
+
+/// The directory holding the checked-out generations of `storage`:
+/// `/run/cortexfs/generation/<the first 16 hex digits of the SHA-256 of its canonical path>`.
 pub fn generations_dir(storage: &Path) -> PathBuf {
-    storage.join(DIR).join(GENERATIONS)
+    use sha2::Digest;
+    use std::os::unix::ffi::OsStrExt;
+    let canonical = fs::canonicalize(storage).unwrap_or_else(|_| storage.to_path_buf());
+    let digest = sha2::Sha256::digest(canonical.as_os_str().as_bytes());
+    let name: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    Path::new(GENERATIONS_ROOT).join(name).join(GENERATIONS)
 }
 
 /// The active generation's directory (through its symlink), when the storage has one: where
@@ -377,16 +389,15 @@ fn write_commit(repo: &gix::Repository, tree: &Tree, message: &str, who: &str) -
     for (rel, e) in tree {
         let Some(bytes) = &e.bytes else { continue };
         let blob = repo.write_blob(bytes).map_err(git)?.detach();
-        let kind = if e.mode & 0o111 != 0 {
-            gix::object::tree::EntryKind::BlobExecutable
-        } else {
-            gix::object::tree::EntryKind::Blob
-        };
-        editor.upsert(rel.as_str(), kind, blob).map_err(git)?;
+        editor.upsert(rel.as_str(), kind_of(e.mode), blob).map_err(git)?;
     }
     let owners = repo.write_blob(owners_text(tree).as_bytes()).map_err(git)?.detach();
     editor.upsert(OWNERS, gix::object::tree::EntryKind::Blob, owners).map_err(git)?;
     let tree_id = editor.write().map_err(git)?.detach();
+    commit_tree(repo, tree_id, message, who)
+}
+
+fn commit_tree(repo: &gix::Repository, tree_id: gix::ObjectId, message: &str, who: &str) -> Result<String> {
     let sig = gix::actor::Signature {
         name: who.into(),
         email: "cortexfs@localhost".into(),
@@ -411,6 +422,9 @@ pub fn commit(storage: &Path, c: &Commit<'_>) -> Result<Option<String>> {
     let head = head_commit(&repo).map(|c| c.id);
     // The first commit takes the whole configuration: a generation is never a part of one.
     let c = &Commit { only: c.only.filter(|_| head.is_some()), ..c.clone() };
+    if let (Some(head), Some(only)) = (head, c.only) {
+        return commit_some(storage, &repo, head, only, c);
+    }
     let base = match head {
         Some(h) => tree_of(&repo, h)?,
         None => Tree::new(),
@@ -432,6 +446,132 @@ pub fn commit(storage: &Path, c: &Commit<'_>) -> Result<Option<String>> {
     Ok(Some(id))
 }
 
+/// [`commit`] of the changes below `only`: the tree edited from `head`'s, and the generation
+/// checked out from the active one with only those paths written, so that the cost is that of
+/// the change, not of the configuration.
+fn commit_some(
+    storage: &Path,
+    repo: &gix::Repository,
+    head: gix::ObjectId,
+    only: &[String],
+    c: &Commit<'_>,
+) -> Result<Option<String>> {
+    let taken = staged(storage, Some(only))?;
+    let bad = invalid(&taken);
+    if !bad.is_empty() {
+        return Err(Error::Invalid(bad));
+    }
+    let head_tree = repo.find_commit(head).map_err(git)?.tree().map_err(git)?;
+    let owners = match head_tree.lookup_entry_by_path(OWNERS).map_err(git)? {
+        Some(e) => String::from_utf8_lossy(&repo.find_object(e.object_id()).map_err(git)?.data).into_owned(),
+        None => String::new(),
+    };
+    let mut lines: BTreeMap<String, (u32, u32, u32)> =
+        parse_owners(&owners).into_iter().filter(|(p, _)| !in_scope(p, Some(only))).collect();
+    let mut editor = repo.edit_tree(head_tree.id).map_err(git)?;
+    for p in only {
+        editor.remove(p.as_str()).map_err(git)?;
+    }
+    for (rel, e) in &taken {
+        lines.insert(rel.clone(), (e.mode, e.uid, e.gid));
+        let Some(bytes) = &e.bytes else { continue };
+        let blob = repo.write_blob(bytes).map_err(git)?.detach();
+        editor.upsert(rel.as_str(), kind_of(e.mode), blob).map_err(git)?;
+    }
+    let text: String = lines.iter().map(|(p, (m, u, g))| format!("{m:o} {u} {g} {p}\n")).collect();
+    let blob = repo.write_blob(text.as_bytes()).map_err(git)?.detach();
+    editor.upsert(OWNERS, gix::object::tree::EntryKind::Blob, blob).map_err(git)?;
+    let tree_id = editor.write().map_err(git)?.detach();
+    if tree_id == head_tree.id {
+        return Ok(None);
+    }
+    let id = commit_tree(repo, tree_id, c.message, c.who)?;
+    durable(storage)?;
+    let gens = generations_dir(storage);
+    let done = gens.join(&id);
+    match active(storage) {
+        Some(prev) => {
+            let tmp = gens.join(format!(".{id}.{}", std::process::id()));
+            let _ = fs::remove_dir_all(&tmp);
+            link_tree(&prev, &tmp, "", only)?;
+            write_entries(&tmp, &taken, None, None)?;
+            fs::rename(&tmp, &done).map_err(io_at("rename", &done))?;
+        }
+        None => {
+            return check_out(
+                storage,
+                &id,
+                &tree_of(repo, gix::ObjectId::from_hex(id.as_bytes()).map_err(git)?)?,
+            )
+            .map(|()| Some(id));
+        }
+    }
+    activate(storage, &id)?;
+    Ok(Some(id))
+}
+
+/// Recreates directory `from` at `to` (directories made with their modes and owners, files
+/// linked), leaving out what is below `only`.
+fn link_tree(from: &Path, to: &Path, rel: &str, only: &[String]) -> Result<()> {
+    let meta = fs::symlink_metadata(from.join(rel)).map_err(io_at("stat", &from.join(rel)))?;
+    let at = to.join(rel);
+    fs::create_dir(&at).map_err(io_at("create", &at))?;
+    own(&at, meta.mode(), meta.uid(), meta.gid())?;
+    let rd = fs::read_dir(from.join(rel)).map_err(io_at("read directory", &from.join(rel)))?;
+    for e in rd {
+        let e = e.map_err(io_at("read directory", &from.join(rel)))?;
+        let Some(name) = e.file_name().to_str().map(str::to_owned) else { continue };
+        let child = if rel.is_empty() { name } else { format!("{rel}/{name}") };
+        if in_scope(&child, Some(only)) {
+            continue;
+        }
+        if e.file_type().map_err(io_at("stat", &e.path()))?.is_dir() {
+            link_tree(from, to, &child, only)?;
+        } else {
+            fs::hard_link(e.path(), to.join(&child)).map_err(io_at("link", &to.join(&child)))?;
+        }
+    }
+    Ok(())
+}
+
+fn own(at: &Path, mode: u32, uid: u32, gid: u32) -> Result<()> {
+    rustix::fs::chown(at, Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(gid)))
+        .map_err(|err| io_at("chown", at)(err.into()))?;
+    fs::set_permissions(at, fs::Permissions::from_mode(mode & 0o7777)).map_err(io_at("chmod", at))
+}
+
+/// Writes `tree`'s entries below `dir`; a file that `prev_tree` holds identically is linked
+/// from `prev` instead.
+fn write_entries(dir: &Path, tree: &Tree, prev: Option<&Path>, prev_tree: Option<&Tree>) -> Result<()> {
+    for (rel, e) in tree {
+        let at = dir.join(rel);
+        match &e.bytes {
+            None => match fs::create_dir(&at) {
+                Ok(()) => {}
+                Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(err) => return Err(io_at("create", &at)(err)),
+            },
+            Some(bytes) => {
+                let same = prev_tree.and_then(|t| t.get(rel)).is_some_and(|p| p == e);
+                if same && prev.is_some_and(|p| fs::hard_link(p.join(rel), &at).is_ok()) {
+                    continue;
+                }
+                fs::write(&at, bytes).map_err(io_at("write", &at))?;
+            }
+        }
+        own(&at, e.mode, e.uid, e.gid)?;
+    }
+    Ok(())
+}
+
+fn kind_of(mode: u32) -> gix::object::tree::EntryKind {
+    if mode & 0o111 != 0 {
+        gix::object::tree::EntryKind::BlobExecutable
+    } else {
+        gix::object::tree::EntryKind::Blob
+    }
+}
+
 /// Flushes the repository's filesystem: a commit is on disk before it is activated.
 fn durable(storage: &Path) -> Result<()> {
     let dir = repo_dir(storage);
@@ -450,6 +590,9 @@ fn init(storage: &Path) -> Result<gix::Repository> {
 fn check_out(storage: &Path, id: &str, tree: &Tree) -> Result<()> {
     let gens = generations_dir(storage);
     fs::create_dir_all(&gens).map_err(io_at("create", &gens))?;
+    if let Some(own) = gens.parent() {
+        fs::set_permissions(own, fs::Permissions::from_mode(0o700)).map_err(io_at("chmod", own))?;
+    }
     let done = gens.join(id);
     if !done.is_dir() {
         let prev = active(storage);
@@ -462,35 +605,7 @@ fn check_out(storage: &Path, id: &str, tree: &Tree) -> Result<()> {
             let d = tmp.join(c);
             fs::create_dir(&d).map_err(io_at("create", &d))?;
         }
-        for (rel, e) in tree {
-            let at = tmp.join(rel);
-            match &e.bytes {
-                None => match fs::create_dir(&at) {
-                    Ok(()) => {}
-                    Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
-                    Err(err) => return Err(io_at("create", &at)(err)),
-                },
-                Some(bytes) => {
-                    let same = prev_tree.as_ref().and_then(|t| t.get(rel)).is_some_and(|p| p == e);
-                    let linked =
-                        same && prev.as_ref().is_some_and(|p| fs::hard_link(p.join(rel), &at).is_ok());
-                    if !linked {
-                        fs::write(&at, bytes).map_err(io_at("write", &at))?;
-                    }
-                }
-            }
-            if !(e.bytes.is_some() && prev_tree.as_ref().and_then(|t| t.get(rel)).is_some_and(|p| p == e)) {
-                rustix::fs::chown(
-                    &at,
-                    Some(rustix::fs::Uid::from_raw(e.uid)),
-                    Some(rustix::fs::Gid::from_raw(e.gid)),
-                )
-                .map_err(|err| io_at("chown", &at)(err.into()))?;
-                fs::set_permissions(&at, fs::Permissions::from_mode(e.mode & 0o7777))
-                    .map_err(io_at("chmod", &at))?;
-            }
-        }
-        // Directories' modes again: a file written inside may not have needed them writable.
+        write_entries(&tmp, tree, prev.as_deref(), prev_tree.as_ref())?;
         match fs::rename(&tmp, &done) {
             Ok(()) => {}
             Err(_) if done.is_dir() => {
@@ -499,6 +614,12 @@ fn check_out(storage: &Path, id: &str, tree: &Tree) -> Result<()> {
             Err(e) => return Err(io_at("rename", &done)(e)),
         }
     }
+    activate(storage, id)
+}
+
+/// Makes generation `id` (checked out) the active one: its link replaced in one rename.
+fn activate(storage: &Path, id: &str) -> Result<()> {
+    let gens = generations_dir(storage);
     let link = gens.join(format!(".{ACTIVE}.{}", std::process::id()));
     let _ = fs::remove_file(&link);
     std::os::unix::fs::symlink(id, &link).map_err(io_at("link", &link))?;

@@ -147,7 +147,7 @@ fn a_restart_serves_the_last_commit_whatever_the_work_tree_holds() {
     let head = generation(&s.p("status")).unwrap();
     assert_ne!(head, committed);
     s.stop();
-    let link = st.join(".cortexfs/generation/active");
+    let link = ringfs::config::generations_dir(&st).join("active");
     fs::remove_file(&link).unwrap();
     std::os::unix::fs::symlink(&committed, &link).unwrap();
     s.spawn();
