@@ -643,6 +643,9 @@ impl Queue {
         match self.land(&c, dest, result, &mut mine, &mut held)? {
             Landed::Mine => {}
             Landed::Fenced => return Ok(Finish::Fenced),
+            // Committed by the job's next claim after this one was fenced: no conflict of this
+            // worker's.
+            Landed::Committed if !self.holds(&c) => return Ok(Finish::Fenced),
             Landed::Committed => {
                 return Err(Error::Conflict(format!(
                     "{} already exists; never overwritten",
@@ -667,6 +670,11 @@ impl Queue {
                 // a worker that removed it by name could remove a later claim's by then.
                 return Ok(Finish::Fenced);
             }
+            // The job was committed by its next claim. A claim fenced since its landing (its
+            // request still in the directory recovery renamed away, or, through a FUSE mount,
+            // the kernel's cached entry of it) gets EEXIST before ENOENT: it is fenced, not in
+            // conflict. Only a claim that still holds the job has a second commit refused.
+            Err(Errno::EXIST) if !self.holds(&c) => return Ok(Finish::Fenced),
             Err(Errno::EXIST) => {
                 return Err(Error::Conflict(format!(
                     "{} already exists; never overwritten",
@@ -1679,6 +1687,30 @@ mod tests {
         assert_eq!(fs::read(root.join("done/j.req.json.result")).unwrap(), b"{\"fresh\":1}");
         assert_eq!(fs::read_dir(root.join("claimed")).unwrap().count(), 0);
         assert_eq!(q.recover(Policy::Requeue).unwrap(), Recovered::default());
+    }
+
+    /// A worker fenced after its landing whose commit finds the job committed by another claim
+    /// (the rename answers EEXIST: its request is still in the directory recovery renamed away,
+    /// as through a FUSE mount whose kernel still has the entry cached) is fenced, not in
+    /// conflict: a second commit is refused as a conflict only to a claim that holds the job.
+    #[test]
+    fn a_fenced_claim_whose_commit_finds_the_job_committed_is_fenced_not_a_conflict() {
+        let (_d, q) = q(DEFAULT_LEASE);
+        let root = q.root().to_path_buf();
+        q.publish("j.req.json", b"{}").unwrap();
+        let stalled = q.claim("w1", false).unwrap().unwrap();
+        *q.after_land.lock().unwrap() = Some(|q| {
+            *q.after_land.lock().unwrap() = None;
+            let root = q.root();
+            // Fenced by a recovery that has not settled the claim yet; the job committed since.
+            fs::rename(root.join("claimed/j.req.json"), root.join("claimed/.fenced.j.req.json.1")).unwrap();
+            fs::remove_file(root.join("done/j.req.json.result")).unwrap();
+            fs::write(root.join("done/j.req.json.result"), b"{\"next\":1}").unwrap();
+            fs::write(root.join("done/j.req.json"), b"{}").unwrap();
+        });
+        assert_eq!(q.finish(stalled, b"{\"stale\":1}", false).unwrap(), Finish::Fenced);
+        assert_eq!(fs::read(root.join("done/j.req.json.result")).unwrap(), b"{\"next\":1}");
+        assert!(root.join("claimed/.fenced.j.req.json.1/j.req.json").exists(), "left to recovery");
     }
 
     /// A claim whose claimer died before it leased the job is an incomplete pair: recovery
