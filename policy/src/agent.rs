@@ -137,7 +137,7 @@ pub fn grants(spec: &Spec, label: &str) -> Vec<String> {
             grant(format!("allow {label} shared:{s} write"));
         }
     }
-    for m in &spec.mounts {
+    for m in spec.mounts.iter().filter(|m| m.mode != MountMode::Hide) {
         grant(format!("allow {label} mount:{} read", m.target));
         if m.mode == MountMode::Rw {
             grant(format!("allow {label} mount:{} write", m.target));

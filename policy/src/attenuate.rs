@@ -133,6 +133,10 @@ pub fn check_create(parent: &Parent<'_>, child: &Child<'_>) -> Result<(), Vec<Wi
         }
     }
     for m in child.mounts {
+        // Hiding narrows: never a widening.
+        if m.mode == MountMode::Hide {
+            continue;
+        }
         let inside: Vec<&Mount> =
             parent.mounts.iter().filter(|p| path::is_within(&m.source, &p.source)).collect();
         if inside.is_empty() {

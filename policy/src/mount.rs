@@ -1,9 +1,14 @@
 //! The agent mount table (`agent/<name>.d/mount`): one mount per line,
-//! `SOURCE<TAB>TARGET<TAB>ro|rw<TAB>OPTIONS`.
+//! `SOURCE<TAB>TARGET<TAB>ro|rw|hide<TAB>OPTIONS`.
 //!
 //! SOURCE and TARGET are absolute normalized paths; TARGET may not be `/`, `/ctx` or lie under
 //! `/ctx` (the view is bound there). OPTIONS is `-` for none or a comma-separated set of `nosuid`,
 //! `nodev`, `noexec`. Blank lines are skipped; there are no comments; a target may appear once.
+//!
+//! `hide` binds nothing: the SOURCE is `-` and TARGET (a subtree of the workspace, such as
+//! `/workspace/.git`, or of any other bind) is covered in the sandbox by an empty read-only
+//! directory, or an empty file for a file. It narrows what the agent sees, so no grant is
+//! needed for it; a later line may bind something of its own below it.
 
 use std::fmt;
 
@@ -16,6 +21,8 @@ pub enum MountMode {
     Ro,
     /// `rw`
     Rw,
+    /// `hide`: nothing is bound; the target is covered by an empty read-only one.
+    Hide,
 }
 
 impl MountMode {
@@ -24,6 +31,7 @@ impl MountMode {
         match s {
             "ro" => Some(MountMode::Ro),
             "rw" => Some(MountMode::Rw),
+            "hide" => Some(MountMode::Hide),
             _ => None,
         }
     }
@@ -33,6 +41,7 @@ impl MountMode {
         match self {
             MountMode::Ro => "ro",
             MountMode::Rw => "rw",
+            MountMode::Hide => "hide",
         }
     }
 }
@@ -89,7 +98,7 @@ impl fmt::Display for MountOptions {
 /// One mount.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Mount {
-    /// Host path.
+    /// Host path (`-` for `hide`).
     pub source: String,
     /// Path inside the sandbox.
     pub target: String,
@@ -127,18 +136,24 @@ pub fn check_target(target: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Parses one mount line (`SOURCE TAB TARGET TAB ro|rw TAB OPTIONS`).
+/// Parses one mount line (`SOURCE TAB TARGET TAB ro|rw|hide TAB OPTIONS`).
 pub fn parse_line(text: &str) -> Result<Mount, String> {
     let fields: Vec<&str> = text.split('\t').collect();
     let [source, target, mode, options] = fields[..] else {
         return Err(format!(
-            "expected 4 tab-separated fields SOURCE TARGET ro|rw OPTIONS, found {}",
+            "expected 4 tab-separated fields SOURCE TARGET ro|rw|hide OPTIONS, found {}",
             fields.len()
         ));
     };
-    path::check_absolute(source).map_err(|e| format!("source: {e}"))?;
     check_target(target)?;
-    let mode = MountMode::parse(mode).ok_or_else(|| format!("mode {mode:?} is not ro or rw"))?;
+    let mode = MountMode::parse(mode).ok_or_else(|| format!("mode {mode:?} is not ro, rw or hide"))?;
+    if mode == MountMode::Hide {
+        if source != "-" {
+            return Err(format!("a hide line binds nothing: its source is -, not {source:?}"));
+        }
+    } else {
+        path::check_absolute(source).map_err(|e| format!("source: {e}"))?;
+    }
     let options = MountOptions::parse(options)?;
     Ok(Mount { source: source.into(), target: target.into(), mode, options })
 }
@@ -180,6 +195,15 @@ mod tests {
         assert_eq!(m[1].mode, MountMode::Rw);
         assert!(m[1].options.noexec && m[1].options.nosuid && !m[1].options.nodev);
         assert_eq!(m[1].to_string(), "/srv/a\t/data\trw\tnosuid,noexec");
+    }
+
+    #[test]
+    fn a_hide_line_binds_nothing() {
+        let m = parse(b"-\t/workspace/.git\thide\t-\n").unwrap();
+        assert_eq!(m[0].mode, MountMode::Hide);
+        assert_eq!(m[0].to_string(), "-\t/workspace/.git\thide\t-");
+        let e = parse(b"/srv\t/workspace/.git\thide\t-\n-\t/x\tro\t-\n").unwrap_err();
+        assert_eq!(e.iter().map(|e| e.line).collect::<Vec<_>>(), vec![1, 2]);
     }
 
     #[test]

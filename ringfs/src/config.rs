@@ -165,6 +165,31 @@ pub fn read_root(storage: &Path) -> PathBuf {
     active(storage).unwrap_or_else(|| storage.to_path_buf())
 }
 
+/// Reads at most `max` bytes of the regular file `rel` beneath `root` (a generation, or a
+/// host mount of the storage), never through a symlink and never blocking on anything but a
+/// regular file. Unlike [`crate::beneath::Tree`], a file with more than one name is read: a
+/// generation shares its unchanged files with the one before it by hard links, all of them
+/// root's own checkout.
+pub fn read_config(root: &Path, rel: &Path, max: u64) -> io::Result<Vec<u8>> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    use std::io::Read;
+    let dir = rustix::fs::open(root, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+    let fd = rustix::fs::openat2(
+        &dir,
+        rel,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )?;
+    let f = fs::File::from(fd);
+    if !f.metadata()?.is_file() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"));
+    }
+    let mut out = Vec::new();
+    f.take(max).read_to_end(&mut out)?;
+    Ok(out)
+}
+
 /// Whether the storage-relative path `rel` is versioned configuration.
 pub fn tracked(rel: &str) -> bool {
     let parts: Vec<&str> = rel.split('/').collect();

@@ -89,7 +89,10 @@ impl Served {
         self.child = Some(child);
         let t = Instant::now();
         // Up means serving /ctx and listening on its control socket (bound after the mount).
-        while fs::read(self.mnt.join("status")).is_err() || !self.control.exists() {
+        // A killed daemon leaves its socket's name: up is when a connection is taken.
+        while fs::read(self.mnt.join("status")).is_err()
+            || std::os::unix::net::UnixStream::connect(&self.control).is_err()
+        {
             assert!(t.elapsed() < Duration::from_secs(10), "ctx mount did not come up");
             std::thread::sleep(Duration::from_millis(20));
         }

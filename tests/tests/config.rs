@@ -155,3 +155,205 @@ fn a_restart_serves_the_last_commit_whatever_the_work_tree_holds() {
     s.view("coder", "s2", &s.dir.path().join("v2"));
     assert_eq!(names(&s.dir.path().join("v2/tool")), ["hello", "hello.d", "other", "other.d"]);
 }
+
+/// An agent's own `agent.update` and `agent.create` are commits of their own, naming the agent,
+/// its uid and its session; what a run may do is decided by the active generation, never by a
+/// staged edit.
+#[test]
+fn an_agent_update_by_an_agent_is_one_commit_naming_that_agent() {
+    let s = Served::start();
+    let st = s.storage.to_str().unwrap().to_owned();
+    ok(&["bootstrap", &st]);
+    ok(&["config", "commit", "--source", &st, "-m", "first generation"]);
+    let mut args = vec!["agent", "new", "chief", "--uid", "1000", "--gid", "1000", "--source", &st];
+    for t in ["agent.update", "agent.create"] {
+        args.extend(["--tool", t]);
+    }
+    ok(&args);
+    ok(&["agent", "grant", "--source", &st, "chief", "agent:worker", "create"]);
+    // A widening written by hand and never committed grants nothing.
+    let policy = s.storage.join("agent/chief.d/policy");
+    let mut p = fs::read_to_string(&policy).unwrap();
+    p.push_str("allow chief_t agent:wide create\n");
+    fs::write(&policy, p).unwrap();
+    let before = ok(&["config", "log", "--source", &st]).lines().count();
+
+    let work = s.dir.path().join("work");
+    fs::create_dir_all(&work).unwrap();
+    rustix::fs::chown(&work, Some(rustix::fs::Uid::from_raw(1000)), Some(rustix::fs::Gid::from_raw(1000)))
+        .unwrap();
+    let session = tests::unique("u");
+    let script = r#"cd /workspace
+t() { /ctx/bin/tsh "$@" > "$1.$#.out" 2>&1; echo "$?" >> /workspace/codes; }
+echo "I am the chief now" | t agent.update system.md
+t agent.create '{"name":"worker"}'
+t agent.create '{"name":"wide"}'
+"#;
+    let out = std::process::Command::new(tests::bin("ctx"))
+        .args(["agent", "start", "chief", "--session", &session, "--wait", "--ctx"])
+        .arg(&s.mnt)
+        .arg("--control")
+        .arg(&s.control)
+        .arg("--cwd")
+        .arg(&work)
+        .args(["--", "/bin/sh", "-c", script])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", tests::shown(&out));
+    let codes = fs::read_to_string(work.join("codes")).unwrap_or_default();
+    assert_eq!(codes, "0\n0\n13\n", "{codes}");
+    assert!(!s.storage.join("agent/wide").exists(), "a staged edit granted nothing");
+
+    // One commit each, naming the agent, its uid and its session.
+    let log = ok(&["config", "log", "--source", &st]);
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), before + 2, "{log}");
+    let by = format!("agent chief (uid 1000, session {session})");
+    assert!(lines[0].contains(&format!("{by}: agent.create worker (a child of chief)")), "{log}");
+    assert!(lines[1].contains(&format!("{by}: agent.update agent/chief.d/system.md")), "{log}");
+    let active = ringfs::config::active(&s.storage).unwrap();
+    assert_eq!(fs::read_to_string(active.join("agent/chief.d/system.md")).unwrap(), "I am the chief now\n");
+    assert!(active.join("agent/worker").exists());
+    // The hand edit stays staged: the agent's commits took only their own paths.
+    assert_eq!(ok(&["config", "status", "--source", &st]), "M agent/chief.d/policy\n");
+}
+
+/// Runs `script` with `sh -c` in a sandbox of `agent` whose workspace is `cwd`; returns its
+/// output.
+fn run_in(s: &Served, agent: &str, cwd: &Path, script: &str) -> String {
+    let out = std::process::Command::new(tests::bin("ctx"))
+        .args(["agent", "start", agent, "--session", &tests::unique("g"), "--wait", "--ctx"])
+        .arg(&s.mnt)
+        .arg("--control")
+        .arg(&s.control)
+        .arg("--cwd")
+        .arg(cwd)
+        .args(["--", "/bin/sh", "-c", script])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", tests::shown(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `.git` in a workspace is an ordinary subtree that a mount-table line can make read-only or
+/// hide; a linked worktree's metadata, outside its workspace, is reachable only through a
+/// mount the agent's policy grants. With a real repository and a real `git worktree`.
+#[test]
+fn git_in_a_workspace_is_narrowed_by_the_mount_table_and_a_worktrees_metadata_needs_its_own_grant() {
+    let s = Served::start();
+    let st = s.storage.to_str().unwrap().to_owned();
+    ok(&["bootstrap", &st]);
+    ok(&["config", "commit", "--source", &st, "-m", "first generation"]);
+    ok(&["agent", "new", "dev", "--uid", "1000", "--gid", "1000", "--source", &st]);
+    let git = String::from_utf8(
+        std::process::Command::new("sh").args(["-c", "command -v git"]).output().unwrap().stdout,
+    )
+    .unwrap()
+    .trim()
+    .to_owned();
+    assert!(git.starts_with("/usr/"), "git is required, under /usr (bound into sandboxes): {git:?}");
+    let repo = s.dir.path().join("repo");
+    let wt = s.dir.path().join("wt");
+    fs::create_dir_all(&repo).unwrap();
+    let sh = |script: &str| {
+        let o = std::process::Command::new("sh").arg("-c").arg(script).current_dir(&repo).output().unwrap();
+        assert!(o.status.success(), "{script}: {}", tests::shown(&o));
+    };
+    sh(&format!(
+        "git init -q -b main . && echo a > a && git add a && git -c user.name=op -c user.email=op@localhost commit -qm a \
+         && git worktree add -q -b side {} && chown -R 1000:1000 . {}",
+        wt.display(),
+        wt.display()
+    ));
+    let set_mount = |table: &str, why: &str| {
+        fs::write(s.storage.join("agent/dev.d/mount"), table).unwrap();
+        ok(&["config", "commit", "--source", &st, "-m", why, "agent/dev.d/mount"]);
+    };
+    let commit = format!("{git} -c user.name=dev -c user.email=dev@localhost commit -qm");
+    let tried = |what: &str, cmd: &str| {
+        format!("if {cmd} >/dev/null 2>&1; then echo {what} ok; else echo {what} refused; fi\n")
+    };
+
+    // Read-only: history readable, nothing written into .git; the work tree itself writable.
+    ok(&["agent", "grant", "--source", &st, "dev", "mount:/workspace/.git", "read"]);
+    set_mount(&format!("{}/.git\t/workspace/.git\tro\t-\n", repo.display()), ".git read-only for dev");
+    let out = run_in(
+        &s,
+        "dev",
+        &repo,
+        &[
+            tried("log", &format!("{git} log --oneline")),
+            tried("write", "echo b > b"),
+            tried("add", &format!("{git} add b")),
+            tried("touch-git", "touch .git/x"),
+        ]
+        .concat(),
+    );
+    assert_eq!(out, "log ok\nwrite ok\nadd refused\ntouch-git refused\n");
+    assert!(repo.join("b").exists() && !repo.join(".git/x").exists());
+
+    // Hidden: an empty read-only directory; git finds no repository.
+    set_mount("-\t/workspace/.git\thide\t-\n", ".git hidden from dev");
+    let out = run_in(
+        &s,
+        "dev",
+        &repo,
+        &[
+            "echo entries $(ls -A .git | wc -l)\n".to_owned(),
+            tried("rev-parse", &format!("{git} rev-parse --git-dir")),
+            tried("touch-git", "touch .git/x"),
+            tried("read", "cat a"),
+        ]
+        .concat(),
+    );
+    assert_eq!(out, "entries 0\nrev-parse refused\ntouch-git refused\nread ok\n");
+    assert!(!repo.join(".git/x").exists());
+
+    // A linked worktree: its .git names metadata outside the workspace, which the sandbox has
+    // only through a mount of its own, granted.
+    set_mount("", "no mounts for dev");
+    let work = [
+        tried("status", &format!("{git} status --short")),
+        tried("commit", &format!("sh -c 'echo c > c && {git} add c && {commit} c'")),
+    ]
+    .concat();
+    assert_eq!(run_in(&s, "dev", &wt, &work), "status refused\ncommit refused\n");
+    let meta = repo.join(".git").to_string_lossy().into_owned();
+    let table = format!("{meta}\t{meta}\trw\t-\n");
+    fs::write(s.storage.join("agent/dev.d/mount"), &table).unwrap();
+    let o = ctx(&[
+        "config",
+        "commit",
+        "--source",
+        &st,
+        "-m",
+        "the repository's metadata for dev",
+        "agent/dev.d/mount",
+    ]);
+    assert!(o.status.success(), "{}", tests::shown(&o));
+    let refused = ctx(&[
+        "agent",
+        "start",
+        "dev",
+        "--session",
+        "nogrant",
+        "--wait",
+        "--ctx",
+        s.mnt.to_str().unwrap(),
+        "--control",
+        s.control.to_str().unwrap(),
+        "--cwd",
+        wt.to_str().unwrap(),
+        "--",
+        "/bin/true",
+    ]);
+    assert_eq!(refused.status.code(), Some(13), "a mount needs its grant: {}", tests::shown(&refused));
+    for perm in ["read", "write"] {
+        ok(&["agent", "grant", "--source", &st, "dev", &format!("mount:{meta}"), perm]);
+    }
+    assert_eq!(run_in(&s, "dev", &wt, &work), "status ok\ncommit ok\n");
+    sh(&format!(
+        "test \"$(git -c safe.directory='*' log -1 --format=%s side)\" = c && test -f {}/c",
+        wt.display()
+    ));
+}

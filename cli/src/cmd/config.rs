@@ -25,6 +25,9 @@ pub enum Cmd {
         /// What changed and why.
         #[arg(short, long)]
         message: String,
+        /// Only the staged changes at or below these storage paths (`agent/coder.d/mount`,
+        /// `tool/hello`); the rest stays staged. All of them when none is given.
+        paths: Vec<String>,
     },
     /// The generations, newest first: id, time, who, what.
     Log {
@@ -115,14 +118,23 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Cmd::Commit { at, message } => {
+        Cmd::Commit { at, message, paths } => {
             if message.trim().is_empty() {
                 return Err(
                     Exit::new(exit::INVALID, "a commit needs a message (-m): what changed and why").into()
                 );
             }
+            for p in &paths {
+                if !generations::tracked(p) {
+                    return Err(Exit::new(
+                        exit::INVALID,
+                        format!("{p}: not configuration (a path below tool/, agent/ or model/, not a log or a socket)"),
+                    )
+                    .into());
+                }
+            }
             let who = who();
-            let c = Commit { message: &message, who: &who, only: None };
+            let c = Commit { message: &message, who: &who, only: (!paths.is_empty()).then_some(&paths[..]) };
             match generations::commit(&at.source, &c).map_err(failed)? {
                 Some(id) => {
                     if let Some(ctx) = crate::cmd::agent::served_at(&at.source) {

@@ -253,14 +253,30 @@ fn shown_lines(storage: &Path, lines: &[(PathBuf, u32, String)]) -> String {
 
 /// The authority of an installed agent, as a child is checked against it.
 fn authority_of(storage: &Path, name: &str) -> Result<generated::Authority> {
-    let dir = agent_dir(storage).join(format!("{name}.d"));
-    if std::fs::symlink_metadata(agent_dir(storage).join(name)).is_err() {
+    let root = in_force(storage)?;
+    let dir = agent_dir(&root).join(format!("{name}.d"));
+    if std::fs::symlink_metadata(agent_dir(&root).join(name)).is_err() {
         return Err(no_agent(name, storage));
     }
     generated::Authority::from_controls(name, |c| {
         String::from_utf8(read_control(&dir.join(c)).unwrap_or_default()).unwrap_or_default()
     })
     .map_err(Error::Invalid)
+}
+
+/// Where the configuration in force is read: the active generation when the storage's
+/// configuration is a repository (a staged edit grants nothing until it is committed), else
+/// the storage itself.
+pub fn in_force(storage: &Path) -> Result<PathBuf> {
+    if !ringfs::config::is_repository(storage) {
+        return Ok(storage.to_path_buf());
+    }
+    ringfs::config::active(storage).ok_or_else(|| {
+        Error::Unavailable(format!(
+            "{}: the active generation is not checked out (ctx mount checks it out at its start)",
+            storage.display()
+        ))
+    })
 }
 
 /// `agent.create` from the receipt socket: the child of `parent` that `c` describes, created
@@ -328,6 +344,13 @@ pub fn create_as(storage: &Path, mut a: Spec, allow_root: bool) -> Result<String
             let auth = authority_of(storage, p)?;
             a.uid = a.uid.or(Some(auth.ids.uid));
             a.gid = a.gid.or(Some(auth.ids.gid));
+            // What is hidden from the parent stays hidden from its child (they share the
+            // workspace).
+            for h in auth.mounts.iter().filter(|m| m.mode == policy::mount::MountMode::Hide) {
+                if !a.mounts.iter().any(|m| m.target == h.target) {
+                    a.mounts.push(h.clone());
+                }
+            }
             Some(auth)
         }
         None => None,

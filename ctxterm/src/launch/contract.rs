@@ -19,6 +19,9 @@ pub struct Bind {
     pub source: PathBuf,
     pub target: PathBuf,
     pub rw: bool,
+    /// A `hide` line: nothing bound, the target covered by an empty read-only one.
+    #[serde(default)]
+    pub hide: bool,
     pub nosuid: bool,
     pub nodev: bool,
     pub noexec: bool,
@@ -149,10 +152,37 @@ fn invalid(msg: impl Into<String>) -> Error {
     Error::Invalid(msg.into())
 }
 
-/// An agent's control `name`, read through the host mount `ctx`.
+/// Where the configuration of the runs of `ctx`'s daemon is read: the active generation of
+/// its storage when the storage's configuration is a repository (a staged edit, made through
+/// `/ctx` or by hand, gives a run nothing until it is committed), else the host mount itself.
+pub fn config_root(ctx: &Path) -> Result<PathBuf> {
+    // root's: the daemon's status file
+    let status =
+        crate::beneath::Tree::open(ctx).and_then(|t| t.read_string("status", 64 << 10)).unwrap_or_default();
+    let field = |f: &str| policy::status::field(&status, f).map(str::to_owned);
+    let (Some(id), Some(storage)) = (field("generation"), field("storage")) else {
+        return Ok(ctx.to_path_buf());
+    };
+    ringfs::config::active(Path::new(&storage)).ok_or_else(|| {
+        Error::Unavailable(format!(
+            "{storage}: generation {id} is active but not checked out in {}",
+            ringfs::config::generations_dir(Path::new(&storage)).display()
+        ))
+    })
+}
+
+/// An agent's control `name`, from the active configuration of the host mount `ctx` (see
+/// [`config_root`]); read beneath it, never through a symlink, at most a control's bound.
 pub fn read_control(ctx: &Path, agent: &str, name: &str) -> Result<String> {
-    let p = ctx.join("agent").join(format!("{agent}.d")).join(name);
-    std::fs::read_to_string(&p).map_err(|source| Error::Control { path: p.clone(), source })
+    let root = config_root(ctx)?;
+    let rel = Path::new("agent").join(format!("{agent}.d")).join(name);
+    let max = policy::controls::CONTROL_MAX;
+    let bytes = ringfs::config::read_config(&root, &rel, max as u64 + 1)
+        .map_err(|source| Error::Control { path: ctx.join(&rel), source })?;
+    if bytes.len() > max {
+        return Err(invalid(format!("{}: over {max} bytes", rel.display())));
+    }
+    String::from_utf8(bytes).map_err(|_| invalid(format!("{}: not UTF-8 text", rel.display())))
 }
 
 /// Parses `--mount SRC TGT ro|rw`.
@@ -274,7 +304,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
     preflight().map_err(Error::Host)?;
     policy::name::validate(&s.agent).map_err(|e| invalid(format!("agent {:?}: {e}", s.agent)))?;
     policy::name::validate(&s.session).map_err(|e| invalid(format!("session {:?}: {e}", s.session)))?;
-    if !s.ctx.join("agent").join(&s.agent).exists() {
+    if std::fs::symlink_metadata(config_root(&s.ctx)?.join("agent").join(&s.agent)).is_err() {
         return Err(super::agents::no_agent(&s.agent, &s.ctx));
     }
     let num = |name: &str| -> Result<u32> {
@@ -338,6 +368,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
             source: PathBuf::from(&m.source),
             target: PathBuf::from(&m.target),
             rw: m.mode == policy::mount::MountMode::Rw,
+            hide: m.mode == policy::mount::MountMode::Hide,
             nosuid: m.options.nosuid,
             nodev: m.options.nodev,
             noexec: m.options.noexec,
@@ -367,12 +398,17 @@ pub fn derive(s: &Start) -> Result<Contract> {
             source: source.clone(),
             target: target.clone(),
             rw: *rw,
+            hide: false,
             nosuid: true,
             nodev: true,
             noexec: false,
         });
     }
-    for Bind { source: src, target: tgt, rw, .. } in &mounts {
+    for Bind { source: src, target: tgt, rw, hide, .. } in &mounts {
+        if *hide {
+            // Hiding narrows what the agent sees: no grant needed.
+            continue;
+        }
         let target = tgt.to_string_lossy();
         if given_workspace.as_ref().is_some_and(|w| w == src) && tgt == Path::new(WORKSPACE) {
             continue;

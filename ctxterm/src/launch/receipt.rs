@@ -167,8 +167,37 @@ impl Run {
         policy::status::field(&self.ctx_read("status"), "storage").map(str::to_owned)
     }
 
+    /// The caller's control, as the configuration in force has it (the active generation when
+    /// the storage's configuration is a repository: a staged edit grants nothing).
     fn own(&self, control: &str) -> String {
-        self.ctx_read(&format!("agent/{}.d/{control}", self.agent))
+        let rel = format!("agent/{}.d/{control}", self.agent);
+        super::contract::config_root(&self.ctx)
+            .ok()
+            .and_then(|root| ringfs::config::read_config(&root, Path::new(&rel), 1 << 20).ok())
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Commits this run's own change of `paths` when the storage's configuration is a
+    /// repository, naming the agent, its uid and its session, and waits (up to 3 s) until the
+    /// daemon serves it; says the new generation.
+    fn commit(&self, storage: &Path, paths: &[String], what: &str) -> Result<Option<String>, String> {
+        if !ringfs::config::is_repository(storage) {
+            return Ok(None);
+        }
+        let who = format!("agent {} (uid {}, session {})", self.agent, self.uid, self.session);
+        let message = format!("{what}\n\nby {who}");
+        let c = ringfs::config::Commit { message: &message, who: &who, only: Some(paths) };
+        let id = ringfs::config::commit(storage, &c).map_err(|e| format!("not activated: {e}"))?;
+        if let Some(id) = &id {
+            let t = std::time::Instant::now();
+            while t.elapsed() < std::time::Duration::from_secs(3)
+                && policy::status::field(&self.ctx_read("status"), "generation") != Some(id.as_str())
+            {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+        Ok(id)
     }
 
     /// Whether the caller's policy grants `agent:<child> <permission>`.
@@ -209,10 +238,24 @@ impl Run {
         } else if content.len() > UPDATE_MAX {
             refuse(2, format!("EINVAL: {} bytes is over the 8 KiB limit", content.len()))
         } else {
-            // Written through /ctx: replaced whole when the file is closed.
+            // Written through /ctx: replaced whole when the file is closed; then, where the
+            // configuration is a repository, activated as a commit of its own.
             let rel = format!("agent/{}.d/{control}", self.agent);
             match Tree::open(&self.ctx).and_then(|t| t.write(&rel, content.as_bytes(), 0o644).map(drop)) {
-                Ok(()) => Reply::done(format!("replaced agent/{}.d/{control}", self.agent)),
+                Ok(()) => match self.storage() {
+                    Some(storage) => {
+                        match self.commit(
+                            Path::new(&storage),
+                            std::slice::from_ref(&rel),
+                            &format!("agent.update {rel}"),
+                        ) {
+                            Ok(Some(id)) => Reply::done(format!("replaced {rel} (generation {id})")),
+                            Ok(None) => Reply::done(format!("replaced {rel}")),
+                            Err(e) => refuse(1, format!("{rel}: {e}")),
+                        }
+                    }
+                    None => refuse(69, format!("{rel}: written, but the storage is not in /ctx/status")),
+                },
                 Err(e) => refuse(1, format!("agent/{}.d/{control}: {e}", self.agent)),
             }
         };
@@ -238,7 +281,14 @@ impl Run {
             return refuse(69, "cannot find the storage in /ctx/status");
         };
         match agents::create_child(Path::new(&storage), &self.agent, c) {
-            Ok(message) => Reply::done(message),
+            Ok(message) => {
+                let paths = [format!("agent/{}", c.name), format!("agent/{}.d", c.name)];
+                let what = format!("agent.create {} (a child of {})", c.name, self.agent);
+                match self.commit(Path::new(&storage), &paths, &what) {
+                    Ok(_) => Reply::done(message),
+                    Err(e) => refuse(1, format!("{message}\n{e}")),
+                }
+            }
             Err(e) => failed(&e),
         }
     }

@@ -44,14 +44,68 @@ fn workspace(c: &Contract) -> Result<Option<PathBuf>> {
     Ok(c.workspace.clone())
 }
 
-/// The mount table's binds, prepared with their flags: (prepared path, target, rw).
-fn table(c: &Contract) -> Result<Vec<(PathBuf, PathBuf, bool)>> {
+/// One line of the mount table as bwrap is given it.
+enum Cover {
+    /// A prepared bind: (prepared path, target, rw).
+    Bind(PathBuf, PathBuf, bool),
+    /// A hidden directory: an empty read-only tmpfs over it.
+    Dir(PathBuf),
+    /// A hidden file (or anything else not a directory): the empty file `.0` bound read-only
+    /// over it.
+    File(PathBuf, PathBuf),
+}
+
+/// Where the sandbox's `target` comes from on the host, as (a tree, the path beneath it): the
+/// last bind of the table above it, else the workspace, else the host's own path (`/usr`,
+/// `/etc` are bound where they are).
+fn host_of<'a>(c: &'a Contract, target: &'a Path) -> (&'a Path, &'a Path) {
+    for b in c.mounts.iter().rev().filter(|b| !b.hide) {
+        if let Ok(rest) = target.strip_prefix(&b.target) {
+            return (&b.source, rest);
+        }
+    }
+    match (&c.workspace, target.strip_prefix(super::contract::WORKSPACE)) {
+        (Some(w), Ok(rest)) => (w, rest),
+        _ => (Path::new("/"), target.strip_prefix("/").unwrap_or(target)),
+    }
+}
+
+/// Whether the sandbox's `target` is a directory on the host (`None` when it is not there):
+/// looked at beneath the tree it comes from, never through a symlink of the agent's.
+fn is_dir_on_host(c: &Contract, target: &Path) -> Option<bool> {
+    let (base, rest) = host_of(c, target);
+    let tree = crate::beneath::Tree::open(base).ok()?;
+    let st = match (rest.parent(), rest.file_name()) {
+        (Some(parent), Some(name)) if !parent.as_os_str().is_empty() => tree.sub(parent).ok()?.stat(name),
+        (_, Some(name)) => tree.stat(name),
+        _ => tree.stat(""),
+    }
+    .ok()?;
+    Some(rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory)
+}
+
+/// The mount table's binds, prepared with their flags, and its hidden targets.
+fn table(c: &Contract) -> Result<Vec<Cover>> {
     let dir = prepared(c);
     let mut out = Vec::new();
     for (i, b) in c.mounts.iter().enumerate() {
         let at = dir.join(i.to_string());
         // root's: the run directory's prepared binds
         std::fs::create_dir_all(&dir).map_err(run_io(&dir))?;
+        if b.hide {
+            // What the sandbox covers, by its type; a target that is not there has nothing to hide.
+            match is_dir_on_host(c, &b.target) {
+                Some(true) => out.push(Cover::Dir(b.target.clone())),
+                Some(false) => {
+                    let empty = dir.join(".0");
+                    // root's: the run directory's prepared binds
+                    std::fs::write(&empty, b"").map_err(run_io(&empty))?;
+                    out.push(Cover::File(empty, b.target.clone()));
+                }
+                None => {}
+            }
+            continue;
+        }
         // root's: a mount table source, the operator's
         if b.source.is_dir() {
             // root's: the run directory's prepared binds
@@ -63,7 +117,7 @@ fn table(c: &Contract) -> Result<Vec<(PathBuf, PathBuf, bool)>> {
         let attrs = Attrs { nosuid: b.nosuid, nodev: b.nodev, noexec: b.noexec, rdonly: !b.rw, idmap: None };
         binds::bind(&b.source, &at, &attrs)
             .map_err(|e| Error::Bind { target: b.target.clone(), why: e.to_string() })?;
-        out.push((at, b.target.clone(), b.rw));
+        out.push(Cover::Bind(at, b.target.clone(), b.rw));
     }
     Ok(out)
 }
@@ -186,8 +240,15 @@ pub fn command(c: &Contract, procs: &[PathBuf]) -> Result<Command> {
     }
     cmd.arg("--chdir").arg(&c.cwd);
     // The mount table, each bind prepared with its flags (bwrap's own binds cannot say noexec).
-    for (at, target, rw) in table(c)? {
-        cmd.arg(if rw { "--bind" } else { "--ro-bind" }).arg(&at).arg(&target);
+    // Hidden targets are covered in table order: a line below a bind comes after it.
+    for cover in table(c)? {
+        match cover {
+            Cover::Bind(at, target, rw) => {
+                cmd.arg(if rw { "--bind" } else { "--ro-bind" }).arg(&at).arg(&target)
+            }
+            Cover::Dir(target) => cmd.arg("--tmpfs").arg(&target).arg("--remount-ro").arg(&target),
+            Cover::File(empty, target) => cmd.arg("--ro-bind").arg(&empty).arg(&target),
+        };
     }
     cmd.arg("--clearenv");
     for (k, v) in &c.env {
