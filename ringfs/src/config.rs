@@ -244,11 +244,13 @@ pub fn staged(storage: &Path, scope: Option<&[String]>) -> Result<Tree> {
             }
             let meta = fs::symlink_metadata(e.path()).map_err(io_at("stat", &e.path()))?;
             let inside = in_scope(&child, scope);
-            // Directories above the scope are walked through, not taken.
+            // Directories above the scope are walked through and taken themselves, not what else is below them.
             let above =
                 !inside && scope.is_some_and(|s| s.iter().any(|p| p.starts_with(&format!("{child}/"))));
             if meta.is_dir() {
-                if inside {
+                // Directories above the scope are taken too: a new object's parent (a
+                // model's provider) comes with it.
+                if inside || above {
                     tree.insert(
                         child.clone(),
                         Entry { mode: meta.mode(), uid: meta.uid(), gid: meta.gid(), bytes: None },
@@ -258,10 +260,23 @@ pub fn staged(storage: &Path, scope: Option<&[String]>) -> Result<Tree> {
                     walk(root, &child, scope, tree)?;
                 }
             } else if meta.is_file() && inside {
-                let bytes = fs::read(e.path()).map_err(io_at("read", &e.path()))?;
+                let bytes = read_regular(&e.path())?;
                 tree.insert(
                     child,
                     Entry { mode: meta.mode(), uid: meta.uid(), gid: meta.gid(), bytes: Some(bytes) },
+                );
+            } else if meta.is_symlink() && inside {
+                // A symlink (a model alias): its target is its contents.
+                use std::os::unix::ffi::OsStrExt;
+                let target = fs::read_link(e.path()).map_err(io_at("read link", &e.path()))?;
+                tree.insert(
+                    child,
+                    Entry {
+                        mode: meta.mode(),
+                        uid: meta.uid(),
+                        gid: meta.gid(),
+                        bytes: Some(target.as_os_str().as_bytes().to_vec()),
+                    },
                 );
             }
         }
@@ -273,7 +288,8 @@ pub fn staged(storage: &Path, scope: Option<&[String]>) -> Result<Tree> {
             _ => continue,
         };
         let inside = in_scope(class, scope);
-        if inside {
+        let above = scope.is_some_and(|s| s.iter().any(|p| p.starts_with(&format!("{class}/"))));
+        if inside || above {
             tree.insert(
                 class.into(),
                 Entry { mode: meta.mode(), uid: meta.uid(), gid: meta.gid(), bytes: None },
@@ -284,6 +300,32 @@ pub fn staged(storage: &Path, scope: Option<&[String]>) -> Result<Tree> {
     Ok(tree)
 }
 
+/// The largest object file a generation takes.
+pub const FILE_MAX: u64 = 1 << 30;
+
+/// Reads the regular file at `path`, never through a symlink, at most [`FILE_MAX`] bytes.
+fn read_regular(path: &Path) -> Result<Vec<u8>> {
+    use io::Read;
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32)
+        .open(path)
+        .map_err(io_at("open", path))?;
+    if !f.metadata().map_err(io_at("stat", path))?.is_file() {
+        return Err(io_at("read", path)(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file")));
+    }
+    let mut out = Vec::new();
+    f.take(FILE_MAX + 1).read_to_end(&mut out).map_err(io_at("read", path))?;
+    if out.len() as u64 > FILE_MAX {
+        return Err(io_at("read", path)(io::Error::new(io::ErrorKind::FileTooLarge, "over 1 GiB")));
+    }
+    Ok(out)
+}
+
+fn is_link(mode: u32) -> bool {
+    mode & libc_ifmt() == 0o120000
+}
+
 /// Every control in `tree` that does not parse, as `path: why`.
 pub fn invalid(tree: &Tree) -> Vec<String> {
     let mut out = Vec::new();
@@ -292,7 +334,9 @@ pub fn invalid(tree: &Tree) -> Vec<String> {
         if controls::classify(class, &control).is_none() {
             continue;
         }
-        if let Err(why) = controls::validate(class, &object, &control, bytes) {
+        // A model's own name is its last part (`model/local/m1.d/name` holds `m1`).
+        let object = object.rsplit_once('/').map_or(object.as_str(), |(_, n)| n);
+        if let Err(why) = controls::validate(class, object, &control, bytes) {
             out.push(format!("{rel}: {why}"));
         }
     }
@@ -348,7 +392,7 @@ fn tree_of(repo: &gix::Repository, commit: gix::ObjectId) -> Result<Tree> {
     let mut files = BTreeMap::new();
     let mut owners = BTreeMap::new();
     for r in rec.records {
-        if !r.mode.is_blob() {
+        if !r.mode.is_blob_or_symlink() {
             continue;
         }
         let data = repo.find_object(r.oid).map_err(git)?.data.clone();
@@ -356,19 +400,26 @@ fn tree_of(repo: &gix::Repository, commit: gix::ObjectId) -> Result<Tree> {
         if path == OWNERS {
             owners = parse_owners(&String::from_utf8_lossy(&data));
         } else if tracked(&path) {
-            files.insert(path, data);
+            let mode = if r.mode.is_link() {
+                0o120777
+            } else if r.mode.is_executable() {
+                0o100755
+            } else {
+                0o100644
+            };
+            files.insert(path, (mode, data));
         }
     }
     let mut out = Tree::new();
     for (path, (mode, uid, gid)) in owners {
-        let bytes = files.remove(&path);
+        let bytes = files.remove(&path).map(|(_, b)| b);
         if (mode & libc_ifmt()) == 0o040000 || bytes.is_some() {
             out.insert(path, Entry { mode, uid, gid, bytes });
         }
     }
     // Files without an owner line: root's, mode from git.
-    for (path, bytes) in files {
-        out.insert(path, Entry { mode: 0o100644, uid: 0, gid: 0, bytes: Some(bytes) });
+    for (path, (mode, bytes)) in files {
+        out.insert(path, Entry { mode, uid: 0, gid: 0, bytes: Some(bytes) });
     }
     Ok(out)
 }
@@ -560,6 +611,17 @@ fn link_tree(from: &Path, to: &Path, rel: &str, only: &[String]) -> Result<()> {
 }
 
 fn own(at: &Path, mode: u32, uid: u32, gid: u32) -> Result<()> {
+    if is_link(mode) {
+        // A symlink's own owner; it has no mode of its own.
+        return rustix::fs::chownat(
+            rustix::fs::CWD,
+            at,
+            Some(rustix::fs::Uid::from_raw(uid)),
+            Some(rustix::fs::Gid::from_raw(gid)),
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .map_err(|err| io_at("chown", at)(err.into()));
+    }
     rustix::fs::chown(at, Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(gid)))
         .map_err(|err| io_at("chown", at)(err.into()))?;
     fs::set_permissions(at, fs::Permissions::from_mode(mode & 0o7777)).map_err(io_at("chmod", at))
@@ -581,7 +643,13 @@ fn write_entries(dir: &Path, tree: &Tree, prev: Option<&Path>, prev_tree: Option
                 if same && prev.is_some_and(|p| fs::hard_link(p.join(rel), &at).is_ok()) {
                     continue;
                 }
-                fs::write(&at, bytes).map_err(io_at("write", &at))?;
+                if is_link(e.mode) {
+                    use std::os::unix::ffi::OsStrExt;
+                    std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(bytes), &at)
+                        .map_err(io_at("link", &at))?;
+                } else {
+                    fs::write(&at, bytes).map_err(io_at("write", &at))?;
+                }
             }
         }
         own(&at, e.mode, e.uid, e.gid)?;
@@ -590,7 +658,9 @@ fn write_entries(dir: &Path, tree: &Tree, prev: Option<&Path>, prev_tree: Option
 }
 
 fn kind_of(mode: u32) -> gix::object::tree::EntryKind {
-    if mode & 0o111 != 0 {
+    if is_link(mode) {
+        gix::object::tree::EntryKind::Link
+    } else if mode & 0o111 != 0 {
         gix::object::tree::EntryKind::BlobExecutable
     } else {
         gix::object::tree::EntryKind::Blob
@@ -833,15 +903,24 @@ fn write_work_tree(storage: &Path, tree: &Tree) -> Result<()> {
                     ".{}.rollback",
                     at.file_name().and_then(|n| n.to_str()).unwrap_or("f")
                 ));
-                fs::write(&tmp, bytes).map_err(io_at("write", &tmp))?;
-                rustix::fs::chown(
-                    &tmp,
-                    Some(rustix::fs::Uid::from_raw(e.uid)),
-                    Some(rustix::fs::Gid::from_raw(e.gid)),
-                )
-                .map_err(|err| io_at("chown", &tmp)(err.into()))?;
-                fs::set_permissions(&tmp, fs::Permissions::from_mode(e.mode & 0o7777))
-                    .map_err(io_at("chmod", &tmp))?;
+                // A fresh name, never through whatever was left there.
+                let _ = fs::remove_file(&tmp);
+                if is_link(e.mode) {
+                    use std::os::unix::ffi::OsStrExt;
+                    std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(bytes), &tmp)
+                        .map_err(io_at("link", &tmp))?;
+                } else {
+                    use io::Write;
+                    fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+                        .mode(0o600)
+                        .open(&tmp)
+                        .and_then(|mut f| f.write_all(bytes))
+                        .map_err(io_at("write", &tmp))?;
+                }
+                own(&tmp, e.mode, e.uid, e.gid)?;
                 fs::rename(&tmp, &at).map_err(io_at("rename", &at))?;
             }
         }
@@ -875,6 +954,27 @@ mod tests {
         fs::write(d.path().join("agent/a.d/policy"), b"allow a tool:x execute\n").unwrap();
         fs::write(d.path().join("agent/a.d/log"), b"{}\n").unwrap();
         d
+    }
+
+    #[test]
+    fn a_model_alias_is_versioned_as_a_symlink() {
+        let d = storage();
+        let s = d.path();
+        fs::create_dir_all(s.join("model/p")).unwrap();
+        fs::write(s.join("model/p/m"), b"m").unwrap();
+        fs::write(s.join("model/p/n"), b"n").unwrap();
+        std::os::unix::fs::symlink("p/m", s.join("model/main")).unwrap();
+        ensure(s).unwrap();
+        assert_eq!(fs::read_link(active(s).unwrap().join("model/main")).unwrap(), Path::new("p/m"));
+        fs::remove_file(s.join("model/main")).unwrap();
+        std::os::unix::fs::symlink("p/n", s.join("model/main")).unwrap();
+        assert_eq!(status(s).unwrap(), vec![Change { kind: 'M', path: "model/main".into() }]);
+        commit(s, &Commit { message: "main is n", who: "root", only: None }).unwrap().unwrap();
+        assert_eq!(fs::read_link(active(s).unwrap().join("model/main")).unwrap(), Path::new("p/n"));
+        rollback(s, "HEAD~1", "root").unwrap();
+        assert_eq!(fs::read_link(active(s).unwrap().join("model/main")).unwrap(), Path::new("p/m"));
+        assert_eq!(fs::read_link(s.join("model/main")).unwrap(), Path::new("p/m"), "the work tree follows");
+        assert!(status(s).unwrap().is_empty());
     }
 
     #[test]

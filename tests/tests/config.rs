@@ -357,3 +357,53 @@ fn git_in_a_workspace_is_narrowed_by_the_mount_table_and_a_worktrees_metadata_ne
         wt.display()
     ));
 }
+
+/// `ctx object install|uninstall`, `ctx model add|alias` commit their own change: each is
+/// active when the command returns, `ctx config log` says what and who, and nothing is left
+/// staged.
+#[test]
+fn object_installs_and_model_adds_commit_their_own_change() {
+    let s = Served::start();
+    let st = &s.storage;
+    let src = st.to_str().unwrap();
+    coder(st);
+    ok(&["config", "commit", "--source", src, "-m", "first generation"]);
+    let active = || ringfs::config::active(st).unwrap();
+    let pkg = s.dir.path().join("pkg");
+    let p = tests::object::package(&pkg, "greet", "1.0.0", 64);
+    ok(&["object", "install", "--source", src, p.manifest_arg()]);
+    assert!(active().join("tool/greet").is_file() && active().join("tool/greet.d/policy").is_file());
+    let base = "http://127.0.0.1:9/v1";
+    ok(&[
+        "model",
+        "add",
+        "local/m1",
+        "--api",
+        "openai-chat",
+        "--base-url",
+        base,
+        "--no-key",
+        "--source",
+        src,
+    ]);
+    ok(&["model", "alias", "main", "local/m1", "--source", src]);
+    assert!(active().join("model/local/m1.d").is_dir());
+    assert_eq!(fs::read_link(active().join("model/main")).unwrap(), Path::new("local/m1"));
+    ok(&["object", "uninstall", "--source", src, "tool/greet", "--yes"]);
+    assert!(!active().join("tool/greet").exists());
+    assert_eq!(generation(&s.p("status")), ringfs::config::active_id(st), "the daemon serves it");
+    let log = ok(&["config", "log", "--source", src]);
+    let firsts: Vec<&str> = log.lines().take(4).map(|l| l.split_once(": ").map_or(l, |(_, m)| m)).collect();
+    assert_eq!(
+        firsts,
+        [
+            "object uninstall tool/greet",
+            "model alias main local/m1",
+            "model add local/m1",
+            "object install tool/greet"
+        ],
+        "{log}"
+    );
+    assert!(log.lines().next().unwrap().contains("uid 0: "), "{log}");
+    assert!(ok(&["config", "status", "--source", src]).is_empty(), "nothing left staged");
+}

@@ -83,6 +83,18 @@ pub fn own_change(storage: &Path, paths: &[String], message: &str) -> anyhow::Re
     generations::commit(storage, &c).map_err(failed)
 }
 
+/// [`own_change`] of the system tier's objects `objects` (`tool/x`, `model/p/m`): each with its
+/// control directory; then waits until the daemon serving the storage, if any, serves it.
+pub fn own_objects(storage: &Path, objects: &[String], message: &str) -> anyhow::Result<()> {
+    let paths: Vec<String> = objects.iter().flat_map(|o| [o.clone(), format!("{o}.d")]).collect();
+    if let Some(id) = own_change(storage, &paths, message)?
+        && let Some(ctx) = crate::cmd::agent::served_at(storage)
+    {
+        served(&ctx, &id);
+    }
+    Ok(())
+}
+
 /// Waits (up to 3 s) until the daemon serving `storage` at `ctx` serves generation `id`.
 pub fn served(ctx: &Path, id: &str) {
     let t = std::time::Instant::now();

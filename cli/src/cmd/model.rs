@@ -240,6 +240,11 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             }
             let said = models::add(&at.source, &name, &driver, id.as_deref(), policy_text.as_deref())
                 .map_err(exit::launch)?;
+            crate::cmd::config::own_objects(
+                &at.source,
+                &[format!("model/{name}")],
+                &format!("model add {name}"),
+            )?;
             out::line(said)
         }
         Cmd::Ls { at, json } => {
@@ -306,6 +311,11 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         }
         Cmd::Alias { at, alias, target } => {
             models::set_alias(&at.source, &alias, &target).map_err(exit::launch)?;
+            crate::cmd::config::own_change(
+                &at.source,
+                &[format!("model/{alias}")],
+                &format!("model alias {alias} {target}"),
+            )?;
             out::line(format_args!("model/{alias} -> {target}"))
         }
         Cmd::Login { at, provider, port, timeout } => login(&at.source, &provider, port, timeout),
@@ -313,7 +323,9 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             for step in models::remove(&at.source, &name).map_err(exit::launch)? {
                 out::line(step)?;
             }
-            Ok(())
+            let mut objects = vec![format!("model/{name}")];
+            objects.extend(policy::model::ALIASES.iter().map(|a| format!("model/{a}")));
+            crate::cmd::config::own_objects(&at.source, &objects, &format!("model rm {name}"))
         }
     }
 }

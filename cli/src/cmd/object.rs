@@ -151,6 +151,18 @@ pub(crate) fn plan(steps: &[String], yes: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A change of the system tier's object `object`, made (`yes`), committed as its own.
+fn committed(at: &Where, yes: bool, object: &str, what: &str) -> anyhow::Result<()> {
+    if yes && at.tier() == Tier::System {
+        crate::cmd::config::own_objects(
+            &at.source,
+            &[object.to_owned()],
+            &format!("object {what} {object}"),
+        )?;
+    }
+    Ok(())
+}
+
 /// Runs the command.
 pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
@@ -166,6 +178,14 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Install { at, manifest } => {
             let c = checked(&manifest, true)?;
             let done = publish::install(&at.source, &c, at.tier()).map_err(fail)?;
+            if at.tier() == Tier::System {
+                let o = format!("{}/{}", c.manifest.class.as_str(), c.manifest.name);
+                crate::cmd::config::own_objects(
+                    &at.source,
+                    std::slice::from_ref(&o),
+                    &format!("object install {o}"),
+                )?;
+            }
             for p in &done.cleared {
                 out::line(format_args!("cleared residue {}", p.display()))?;
             }
@@ -180,16 +200,20 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Replace { at, manifest, yes } => {
             let c = checked(&manifest, true)?;
             let steps = publish::replace(&at.source, &c, at.tier(), !yes).map_err(fail)?;
+            let o = format!("{}/{}", c.manifest.class.as_str(), c.manifest.name);
+            committed(&at, yes, &o, "replace")?;
             plan(&steps, yes)
         }
         Cmd::Rollback { at, object, yes } => {
             let (class, name) = parse_object(&object)?;
             let steps = publish::rollback(&at.source, class, name, at.tier(), !yes).map_err(fail)?;
+            committed(&at, yes, &object, "rollback")?;
             plan(&steps, yes)
         }
         Cmd::Uninstall { at, object, yes } => {
             let (class, name) = parse_object(&object)?;
             let steps = publish::uninstall(&at.source, class, name, at.tier(), !yes).map_err(fail)?;
+            committed(&at, yes, &object, "uninstall")?;
             plan(&steps, yes)
         }
         Cmd::Inspect { at, object, json } => {

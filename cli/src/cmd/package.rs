@@ -118,6 +118,18 @@ pub fn install(a: InstallArgs) -> anyhow::Result<()> {
             }
         }
     }
+    if !a.dry_run && tier == Tier::System {
+        let objects: Vec<String> = pkg
+            .objects
+            .iter()
+            .map(|o| format!("{}/{}", o.manifest.class.as_str(), o.manifest.name))
+            .collect();
+        crate::cmd::config::own_objects(
+            &a.source,
+            &objects,
+            &format!("install package {} {}", pkg.name, pkg.version),
+        )?;
+    }
     if a.dry_run {
         out::line(format_args!("dry run: package {} {} checks out; nothing written", pkg.name, pkg.version))
     } else {
@@ -127,6 +139,13 @@ pub fn install(a: InstallArgs) -> anyhow::Result<()> {
 
 /// Runs `ctx uninstall`.
 pub fn uninstall(a: UninstallArgs) -> anyhow::Result<()> {
+    let record = package::list(&a.source).map_err(fail)?.into_iter().find(|r| r.name == a.name);
     let steps = package::uninstall(&a.source, &a.name, !a.yes).map_err(fail)?;
+    if a.yes
+        && let Some(r) = record.filter(|r| r.uid.is_none())
+    {
+        let objects: Vec<String> = r.objects.iter().map(|o| format!("{}/{}", o.class, o.name)).collect();
+        crate::cmd::config::own_objects(&a.source, &objects, &format!("uninstall package {}", a.name))?;
+    }
     plan(&steps, a.yes)
 }
