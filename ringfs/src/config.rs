@@ -190,6 +190,12 @@ pub fn read_config(root: &Path, rel: &Path, max: u64) -> io::Result<Vec<u8>> {
     Ok(out)
 }
 
+/// Whether an entry of a class directory named `name` is versioned (not a dot name, not a
+/// socket): what makes a storage hold configuration.
+pub fn tracked_name(name: &str) -> bool {
+    !name.starts_with('.') && !name.ends_with(".sock")
+}
+
 /// Whether the storage-relative path `rel` is versioned configuration.
 pub fn tracked(rel: &str) -> bool {
     let parts: Vec<&str> = rel.split('/').collect();
@@ -942,7 +948,24 @@ fn write_work_tree(storage: &Path, tree: &Tree) -> Result<()> {
 mod tests {
     use super::*;
 
-    fn storage() -> tempfile::TempDir {
+    /// A temporary storage; its checked-out generations go with it.
+    struct Store(tempfile::TempDir);
+
+    impl Store {
+        fn path(&self) -> &Path {
+            self.0.path()
+        }
+    }
+
+    impl Drop for Store {
+        fn drop(&mut self) {
+            if let Some(g) = generations_dir(self.path()).parent() {
+                let _ = fs::remove_dir_all(g);
+            }
+        }
+    }
+
+    fn storage() -> Store {
         let d = tempfile::tempdir().unwrap();
         for c in CLASSES {
             fs::create_dir(d.path().join(c)).unwrap();
@@ -953,7 +976,7 @@ mod tests {
         fs::write(d.path().join("agent/a.d/label"), b"a\n").unwrap();
         fs::write(d.path().join("agent/a.d/policy"), b"allow a tool:x execute\n").unwrap();
         fs::write(d.path().join("agent/a.d/log"), b"{}\n").unwrap();
-        d
+        Store(d)
     }
 
     #[test]

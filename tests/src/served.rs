@@ -168,6 +168,10 @@ impl Drop for Served {
     fn drop(&mut self) {
         self.stop();
         let _ = Command::new("umount").arg("-l").arg(&self.mnt).stderr(Stdio::null()).status();
+        // The storage's checked-out configuration generations (derived state, in /run).
+        if let Some(gens) = ringfs::config::generations_dir(&self.storage).parent() {
+            let _ = fs::remove_dir_all(gens);
+        }
         if self.own_disk {
             let _ = Command::new("umount").arg("-l").arg(&self.storage).stderr(Stdio::null()).status();
         }
