@@ -673,11 +673,51 @@ fn kind_of(mode: u32) -> gix::object::tree::EntryKind {
     }
 }
 
-/// Flushes the repository's filesystem: a commit is on disk before it is activated.
+/// The file whose modification time says when the repository was last made durable.
+const SYNCED: &str = "config.synced";
+
+/// Makes the repository durable: a commit is on disk before it is activated. Every file and
+/// directory of the repository changed since the last time (objects, refs, `HEAD`; those of
+/// a commit that stopped before this step too) is synced, with two seconds' margin for the
+/// filesystem's clock; then the mark is moved to when this began. Only the repository's
+/// files are flushed, never the rest of the storage's filesystem.
 fn durable(storage: &Path) -> Result<()> {
-    let dir = repo_dir(storage);
-    let f = fs::File::open(&dir).map_err(io_at("open", &dir))?;
-    rustix::fs::syncfs(&f).map_err(|e| io_at("sync", &dir)(e.into()))
+    let repo = repo_dir(storage);
+    let mark = storage.join(DIR).join(SYNCED);
+    let began = std::time::SystemTime::now();
+    let since = fs::metadata(&mark)
+        .and_then(|m| m.modified())
+        .map_or(std::time::UNIX_EPOCH, |t| t - std::time::Duration::from_secs(2));
+    sync_newer(&repo, since)?;
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&mark)
+        .map_err(io_at("open", &mark))?;
+    f.set_modified(began).map_err(io_at("touch", &mark))?;
+    f.sync_all().map_err(io_at("sync", &mark))?;
+    let dir = storage.join(DIR);
+    fs::File::open(&dir).and_then(|d| d.sync_all()).map_err(io_at("sync", &dir))
+}
+
+/// Syncs what below `dir` changed since `since`: a directory whose entries did not change
+/// (its modification time is older) holds no new file, so it is not listed.
+fn sync_newer(dir: &Path, since: std::time::SystemTime) -> Result<()> {
+    for e in fs::read_dir(dir).map_err(io_at("read directory", dir))? {
+        let e = e.map_err(io_at("read directory", dir))?;
+        let Ok(meta) = e.metadata() else { continue };
+        if meta.modified().is_ok_and(|t| t < since) {
+            continue;
+        }
+        if meta.is_dir() {
+            sync_newer(&e.path(), since)?;
+        } else if meta.is_file() {
+            fs::File::open(e.path()).and_then(|f| f.sync_all()).map_err(io_at("sync", &e.path()))?;
+        }
+    }
+    fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_at("sync", dir))
 }
 
 fn init(storage: &Path) -> Result<gix::Repository> {

@@ -119,9 +119,10 @@ impl Views {
     ) -> Result<PathBuf, String> {
         policy::name::validate(agent).map_err(|e| format!("invalid agent name {agent:?}: {e}"))?;
         policy::name::validate(session).map_err(|e| format!("invalid session name {session:?}: {e}"))?;
-        // A view carries an agent's authority: there must be an agent to carry.
-        // root's: the storage's objects
-        if !self.base.storage.join("agent").join(agent).is_file() {
+        // A view carries an agent's authority: there must be an agent to carry, in the
+        // configuration in force (the active generation of a repository).
+        // root's: the storage's objects, or its active generation
+        if !ringfs::config::read_root(&self.base.storage).join("agent").join(agent).is_file() {
             return Err(format!(
                 "no agent {agent} in {} (ctx agent ls lists them)",
                 self.base.storage.display()
@@ -208,9 +209,12 @@ impl Views {
         top.chmod(0o711).map_err(|e| format!("{}: {e}", root.display()))?;
         let own = top.make_dirs(agent, 0o700).map_err(|e| e.to_string())?;
         own.chmod(0o700).map_err(|e| format!("{}: {e}", own.path().display()))?;
-        let uid_file = self.base.storage.join("agent").join(format!("{agent}.d")).join("uid");
-        // root's: the storage's objects
-        if let Some(uid) = std::fs::read_to_string(uid_file).ok().and_then(|t| t.trim().parse::<u32>().ok()) {
+        let uid_file = Path::new("agent").join(format!("{agent}.d")).join("uid");
+        let root = ringfs::config::read_root(&self.base.storage);
+        if let Some(uid) = ringfs::config::read_config(&root, &uid_file, 64)
+            .ok()
+            .and_then(|t| String::from_utf8_lossy(&t).trim().parse::<u32>().ok())
+        {
             own.chown(uid, 0).map_err(|e| format!("{}: {e}", own.path().display()))?;
         }
         own.make_dirs(name, 0o755).map_err(|e| e.to_string())?;
@@ -471,12 +475,20 @@ fn watch_storage(
     }
     // A commit activates a generation by replacing the `active` link: every view then serves
     // it, its kernel's entries dropped once.
+    // Without that watch the storage's own changes are still watched; activations are then
+    // seen only when the queue overflows or the daemon restarts, and it says so.
     let generations = match active {
-        Some(_) => Some(inotify::add_watch(
+        Some(_) => match inotify::add_watch(
             &fd,
             ringfs::config::generations_dir(storage),
             WatchFlags::MOVED_TO | WatchFlags::CREATE | WatchFlags::ONLYDIR,
-        )?),
+        ) {
+            Ok(wd) => Some(wd),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch the configuration generations: commits are not seen until a restart");
+                None
+            }
+        },
         None => None,
     };
     let Some(fd) = epoch.watching(fd) else { return Ok(()) };
@@ -553,8 +565,12 @@ fn watch_storage(
                 );
             }
             if ev.events().contains(ReadFlags::QUEUE_OVERFLOW) {
-                // Events were lost, directories created meanwhile among them: look again.
+                // Events were lost, directories created meanwhile among them, and perhaps an
+                // activation: look again.
                 new_dirs.extend(everything());
+                if active.is_some_and(|a| a.reload()) {
+                    relevant = true;
+                }
             }
             if reader.is_buffer_empty() {
                 break;

@@ -76,8 +76,12 @@ fn an_edit_is_seen_by_no_agent_until_it_is_committed_then_all_at_once() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    // The object log is runtime state: listed and appended beside the generation.
+    // The object log is runtime state, never versioned: written in the storage, listed beside
+    // the generation's controls.
+    fs::write(st.join("agent/coder.d/log"), "{}\n").unwrap();
+    until("the object log is listed", || names(&v.join("agent/coder.d")).contains(&"log".to_string()));
     assert!(names(&v.join("agent/coder.d")).contains(&"policy".to_string()));
+    assert_eq!(ok(&["config", "status", "--source", src]), "M agent/coder.d/policy\nM tool/hello.d/policy\n");
 
     // Committed: both changes at once.
     ok(&["config", "commit", "--source", src, "-m", "other for coder, hello for nobody"]);

@@ -700,11 +700,18 @@ fn operator() -> String {
 }
 
 fn rm(storage: &Path, name: &str, yes: bool) -> anyhow::Result<()> {
+    let mut own = vec![format!("agent/{name}"), format!("agent/{name}.d")];
     for line in agents::remove(storage, name, yes).map_err(exit::launch)? {
+        // The other objects' policies it took the agent's label out of go in the same commit:
+        // no grant to a removed label stays in force.
+        if let Some((path, _)) = line.strip_prefix("remove ").and_then(|l| l.split_once(':'))
+            && !own.iter().any(|o| o == path)
+        {
+            own.push(path.to_owned());
+        }
         out::line(line)?;
     }
     if yes {
-        let own = [format!("agent/{name}"), format!("agent/{name}.d")];
         crate::cmd::config::own_change(storage, &own, &format!("agent rm {name}"))?;
     }
     Ok(())

@@ -106,6 +106,11 @@ pub fn served(ctx: &Path, id: &str) {
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
+    tracing::warn!(
+        generation = id,
+        ctx = %ctx.display(),
+        "the generation is committed and active, but the daemon has not said it serves it yet"
+    );
 }
 
 /// Runs `ctx config ...`.

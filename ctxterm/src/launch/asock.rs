@@ -268,7 +268,8 @@ impl Server {
     /// Keeps a listener per agent object, and the object's `.sock` symlink to it; accepts.
     /// Binds the sockets of agents that appeared, drops those of agents that went.
     fn rescan(&self, listeners: &mut HashMap<String, UnixListener>) {
-        let now = agents(&self.storage);
+        // Sockets for the agents in force: one made and not committed has none yet.
+        let now = self.config().map(|root| agents(&root)).unwrap_or_default();
         listeners.retain(|name, _| {
             let keep = now.contains(name);
             if !keep {
@@ -392,12 +393,19 @@ impl Server {
         Ok(l)
     }
 
+    /// Where the configuration in force is: the active generation once the storage's
+    /// configuration is a repository (a staged edit gives an agent nothing), else the storage.
+    fn config(&self) -> Option<PathBuf> {
+        super::agents::in_force(&self.storage).ok()
+    }
+
+    /// An agent's control as the configuration in force has it; empty when it cannot be read.
     fn control(&self, agent: &str, name: &str) -> String {
-        let p = self.storage.join("agent").join(format!("{agent}.d")).join(name);
-        let mut s = String::new();
-        // root's: the storage's agent controls
-        let _ = std::fs::File::open(p).and_then(|f| f.take(64 * 1024).read_to_string(&mut s));
-        s.trim().to_owned()
+        let Some(root) = self.config() else { return String::new() };
+        let rel = Path::new("agent").join(format!("{agent}.d")).join(name);
+        ringfs::config::read_config(&root, &rel, 64 * 1024)
+            .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+            .unwrap_or_default()
     }
 
     /// Whether the agent's policy has it record `what` (`turns`, `tool-args`) in full: a line
@@ -421,7 +429,7 @@ impl Server {
         if uid == 0 || self.control(agent, "owner").parse::<u32>().ok() == Some(uid) {
             return Ok(());
         }
-        for other in agents(&self.storage) {
+        for other in self.config().map(|root| agents(&root)).unwrap_or_default() {
             if self.control(&other, "uid").parse::<u32>().ok() != Some(uid) {
                 continue;
             }

@@ -171,14 +171,13 @@ pub fn config_root(ctx: &Path) -> Result<PathBuf> {
     })
 }
 
-/// An agent's control `name`, from the active configuration of the host mount `ctx` (see
+/// An agent's control `name`, from `root`: the configuration a run is derived from (see
 /// [`config_root`]); read beneath it, never through a symlink, at most a control's bound.
-pub fn read_control(ctx: &Path, agent: &str, name: &str) -> Result<String> {
-    let root = config_root(ctx)?;
+pub fn read_control(root: &Path, agent: &str, name: &str) -> Result<String> {
     let rel = Path::new("agent").join(format!("{agent}.d")).join(name);
     let max = policy::controls::CONTROL_MAX;
-    let bytes = ringfs::config::read_config(&root, &rel, max as u64 + 1)
-        .map_err(|source| Error::Control { path: ctx.join(&rel), source })?;
+    let bytes = ringfs::config::read_config(root, &rel, max as u64 + 1)
+        .map_err(|source| Error::Control { path: root.join(&rel), source })?;
     if bytes.len() > max {
         return Err(invalid(format!("{}: over {max} bytes", rel.display())));
     }
@@ -304,11 +303,14 @@ pub fn derive(s: &Start) -> Result<Contract> {
     preflight().map_err(Error::Host)?;
     policy::name::validate(&s.agent).map_err(|e| invalid(format!("agent {:?}: {e}", s.agent)))?;
     policy::name::validate(&s.session).map_err(|e| invalid(format!("session {:?}: {e}", s.session)))?;
-    if std::fs::symlink_metadata(config_root(&s.ctx)?.join("agent").join(&s.agent)).is_err() {
+    // One generation for the whole run: every control, the model and its route are read from
+    // the configuration active now, never from a staged edit, never from two commits.
+    let root = config_root(&s.ctx)?;
+    if std::fs::symlink_metadata(root.join("agent").join(&s.agent)).is_err() {
         return Err(super::agents::no_agent(&s.agent, &s.ctx));
     }
     let num = |name: &str| -> Result<u32> {
-        let t = read_control(&s.ctx, &s.agent, name)?;
+        let t = read_control(&root, &s.agent, name)?;
         t.trim()
             .parse()
             .map_err(|_| invalid(format!("agent/{}.d/{name}: {:?} is not a number", s.agent, t.trim())))
@@ -325,13 +327,13 @@ pub fn derive(s: &Start) -> Result<Contract> {
             s.agent, s.agent
         );
     }
-    let groups = read_control(&s.ctx, &s.agent, "groups")
+    let groups = read_control(&root, &s.agent, "groups")
         .unwrap_or_default()
         .split_ascii_whitespace()
         .map(|g| g.parse::<u32>().map_err(|_| invalid(format!("agent/{}.d/groups: {g:?}", s.agent))))
         .collect::<Result<Vec<u32>>>()?;
-    let label = read_control(&s.ctx, &s.agent, "label")?.trim().to_owned();
-    let policy = Policy::from_text(read_control(&s.ctx, &s.agent, "policy")?.as_bytes())
+    let label = read_control(&root, &s.agent, "label")?.trim().to_owned();
+    let policy = Policy::from_text(read_control(&root, &s.agent, "policy")?.as_bytes())
         .map_err(|_| invalid(format!("agent/{}.d/policy does not parse (ctx policy check)", s.agent)))?;
     if let Some(space) = &s.shared {
         shared_session_allowed(&s.ctx, &s.agent, space, (&label, &policy), (uid, gid, &groups))?;
@@ -357,7 +359,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
     };
     // Mounts: the agent's own table, then the operator's --mount; each one authorized by the
     // agent's policy (`mount:TARGET read`, and `write` for rw), or nothing starts.
-    let table = read_control(&s.ctx, &s.agent, "mount").unwrap_or_default();
+    let table = read_control(&root, &s.agent, "mount").unwrap_or_default();
     let table = policy::mount::parse(table.as_bytes()).map_err(|errs| {
         let why: Vec<String> = errs.iter().map(ToString::to_string).collect();
         invalid(format!("agent/{}.d/mount: {}", s.agent, why.join("; ")))
@@ -439,7 +441,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
     };
     let home = format!("/ctx/home/{uid}");
     // CTX_PATH: the agent's `path`, then the tool directories of the shared spaces it may see.
-    let path_control = read_control(&s.ctx, &s.agent, "path").unwrap_or_default();
+    let path_control = read_control(&root, &s.agent, "path").unwrap_or_default();
     let mut ctx_path: Vec<String> = if path_control.trim().is_empty() {
         vec!["/ctx/tool".to_owned(), format!("{home}/tool")]
     } else {
@@ -470,7 +472,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
         env.push(("CTX_WORKSPACE".to_owned(), WORKSPACE.to_owned()));
     }
     // The agent's own variables: KEY=VALUE lines; the launcher's are not theirs to change.
-    for line in read_control(&s.ctx, &s.agent, "env").unwrap_or_default().lines() {
+    for line in read_control(&root, &s.agent, "env").unwrap_or_default().lines() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
@@ -489,7 +491,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
         env.retain(|(key, _)| key != k);
         env.push((k.to_owned(), v.to_owned()));
     }
-    let cwd = match read_control(&s.ctx, &s.agent, "cwd").unwrap_or_default().trim() {
+    let cwd = match read_control(&root, &s.agent, "cwd").unwrap_or_default().trim() {
         "" | "/workspace" if workspace.is_none() => "/".to_owned(),
         "" => WORKSPACE.to_owned(),
         c => {
@@ -499,7 +501,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
     };
     let timeout = match s.timeout {
         Some(t) => Some(t),
-        None => match read_control(&s.ctx, &s.agent, "timeout").unwrap_or_default().trim() {
+        None => match read_control(&root, &s.agent, "timeout").unwrap_or_default().trim() {
             "" => None,
             t => Some(t.parse::<u64>().ok().filter(|&t| t > 0).ok_or_else(|| {
                 invalid(format!("agent/{}.d/timeout: {t:?} is not a number of seconds", s.agent))
@@ -512,7 +514,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
     // No --profile and no command: the agent's `profile` control says what runs, as it does
     // for a turn sent to its socket (a hosted CLI; anything else runs tsh).
     let chosen = s.profile.clone().or_else(|| {
-        let own = read_control(&s.ctx, &s.agent, "profile").unwrap_or_default();
+        let own = read_control(&root, &s.agent, "profile").unwrap_or_default();
         let own = own.lines().next().unwrap_or("").trim();
         (s.cmd.is_empty() && profiles::hosted(own)).then(|| own.to_owned())
     });
@@ -530,9 +532,9 @@ pub fn derive(s: &Start) -> Result<Contract> {
             home_seed = p.seed.iter().map(|(f, t)| (f.clone(), t.clone())).collect();
             let mut args: Vec<String> = p.args.clone();
             // The agent's model (or main): none at all leaves the CLI with its own configuration.
-            let named = read_control(&s.ctx, &s.agent, "model").unwrap_or_default();
+            let named = read_control(&root, &s.agent, "model").unwrap_or_default();
             let named = named.lines().next().unwrap_or("").trim().to_owned();
-            let unset = named.is_empty() && models::alias_target(&s.ctx, "main").is_none();
+            let unset = named.is_empty() && models::alias_target(&root, "main").is_none();
             if p.hosted && unset {
                 warnings.push(format!(
                     "profile {}: the agent names no model and model/main is not set: the CLI runs with \
@@ -540,7 +542,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
                     p.name
                 ));
             } else if p.hosted {
-                let m = models::for_launch(&s.ctx, &s.agent, &label, &policy, &named)?;
+                let m = models::for_launch(&root, &s.agent, &label, &policy, &named)?;
                 let w = profiles::wire(p, &m)?;
                 if !network && m.driver.base_url.is_loopback() {
                     egress = Some(m.driver.base_url.port);
@@ -558,7 +560,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
                 model = Some(m.name);
             }
             // The agent's instructions, as the CLI takes them: an agent.update shows in the next run.
-            let system = read_control(&s.ctx, &s.agent, "system.md").unwrap_or_default();
+            let system = read_control(&root, &s.agent, "system.md").unwrap_or_default();
             args.extend(profiles::instruct(p, &system));
             let base: Vec<String> = std::iter::once(p.program.clone()).chain(args).collect();
             profile = Some((p.name.clone(), base.clone()));
@@ -568,9 +570,9 @@ pub fn derive(s: &Start) -> Result<Contract> {
         None => s.cmd.clone(),
     };
     let records_only = s.cmd.is_empty() && chosen.as_deref().is_none_or(|p| p == "tsh");
-    let limits = ceilings(s)?;
+    let limits = ceilings(s, &root)?;
     let session_of = match &s.resume {
-        Some(owner) => Some(resumable(s, owner, &label, &policy, (uid, gid, &groups))?),
+        Some(owner) => Some(resumable(s, &root, owner, &label, &policy, (uid, gid, &groups))?),
         None => None,
     };
     Ok(Contract {
@@ -624,6 +626,7 @@ pub fn derive(s: &Start) -> Result<Contract> {
 /// directory's mode bits let the agent's uid, gid or groups write it). Returns the owner.
 fn resumable(
     s: &Start,
+    root: &Path,
     owner: &str,
     label: &str,
     policy: &Policy,
@@ -650,7 +653,7 @@ fn resumable(
         may_write(&dir, uid, gid, groups).map_err(Error::Denied)?;
         return Ok(owner.to_owned());
     }
-    let owner_uid: u32 = read_control(&s.ctx, owner, "uid")?
+    let owner_uid: u32 = read_control(root, owner, "uid")?
         .trim()
         .parse()
         .map_err(|_| invalid(format!("agent/{owner}.d/uid is not a number")))?;
@@ -722,11 +725,11 @@ pub fn may_write(dir: &Path, uid: u32, gid: u32, groups: &[u32]) -> Result<(), S
 
 /// The run's ceilings: the agent's `limits` (or the defaults), under the flags; none with
 /// `--no-ceilings`. Refused (69) when the host cannot apply one.
-fn ceilings(s: &Start) -> Result<policy::limits::Limits> {
+fn ceilings(s: &Start, root: &Path) -> Result<policy::limits::Limits> {
     if s.no_ceilings {
         return Ok(policy::limits::Limits { memory: None, pids: None, cpu: None, disk: None, files: None });
     }
-    let text = read_control(&s.ctx, &s.agent, "limits").unwrap_or_default();
+    let text = read_control(root, &s.agent, "limits").unwrap_or_default();
     let mut l = policy::limits::parse(text.as_bytes())
         .map_err(|e| invalid(format!("agent/{}.d/limits: {e}", s.agent)))?;
     l.memory = s.memory.or(l.memory);

@@ -167,15 +167,20 @@ impl Run {
         policy::status::field(&self.ctx_read("status"), "storage").map(str::to_owned)
     }
 
-    /// The caller's control, as the configuration in force has it (the active generation when
-    /// the storage's configuration is a repository: a staged edit grants nothing).
-    fn own(&self, control: &str) -> String {
-        let rel = format!("agent/{}.d/{control}", self.agent);
+    /// Configuration at `rel` (`agent/x.d/policy`), as the configuration in force has it: the
+    /// active generation when the storage's configuration is a repository (a staged edit grants
+    /// nothing); empty when it cannot be read.
+    fn config_read(&self, rel: &str) -> String {
         super::contract::config_root(&self.ctx)
             .ok()
-            .and_then(|root| ringfs::config::read_config(&root, Path::new(&rel), 1 << 20).ok())
+            .and_then(|root| ringfs::config::read_config(&root, Path::new(rel), 1 << 20).ok())
             .map(|b| String::from_utf8_lossy(&b).into_owned())
             .unwrap_or_default()
+    }
+
+    /// The caller's control (see [`Run::config_read`]).
+    fn own(&self, control: &str) -> String {
+        self.config_read(&format!("agent/{}.d/{control}", self.agent))
     }
 
     /// Commits this run's own change of `paths` when the storage's configuration is a
@@ -328,7 +333,7 @@ impl Run {
         if !self.may(child, Permission::Start) {
             return refuse(13, format!("the caller's policy does not allow agent:{child} start"));
         }
-        let parent = self.ctx_read(&format!("agent/{child}.d/parent"));
+        let parent = self.config_read(&format!("agent/{child}.d/parent"));
         if parent.trim() != self.agent {
             return refuse(
                 13,
@@ -436,7 +441,7 @@ impl Run {
         if rec.stat("result.md").is_ok_and(|s| s.st_size > 0) {
             return;
         }
-        let Ok(uid) = self.ctx_read(&format!("agent/{child}.d/uid")).trim().parse::<u32>() else { return };
+        let Ok(uid) = self.config_read(&format!("agent/{child}.d/uid")).trim().parse::<u32>() else { return };
         let Ok(from) = Tree::open(&policy::runtime::session_dir(&self.ctx, uid, child, session)) else {
             return;
         };
@@ -485,7 +490,7 @@ impl Run {
                 format!("refused by the agent policy: it does not allow {label} tool:{tool} execute"),
             ));
         }
-        let own = self.ctx_read(&format!("tool/{tool}.d/policy"));
+        let own = self.config_read(&format!("tool/{tool}.d/policy"));
         if !Policy::from_text(own.as_bytes()).is_ok_and(|p| p.allows(&q)) {
             return Err(refuse(
                 13,
