@@ -70,5 +70,13 @@ echo "first commit of $A agents and $T tools: $(( (t1 - t0) / 1000000 )) ms"
 sync
 echo "grant, plain storage:          $(grants "$d/plain")"
 echo "grant, a commit per grant:     $(grants "$d/repo")"
+# The same with a daemon serving the repository: each grant also waits until the daemon
+# serves its generation.
+mkdir -p "$d/served"
+"$CTX" mount --source "$d/repo" --control "$d/served.sock" "$d/served" 2>/dev/null &
+served=$!
+until [ -S "$d/served.sock" ] && [ -e "$d/served/status" ]; do sleep 0.001; done
+echo "grant, served by a daemon:     $(grants "$d/repo")"
+kill $served; wait $served || true
 echo "daemon start, plain storage:   $(starts "$d/plain")"
 echo "daemon start, a repository:    $(starts "$d/repo")"

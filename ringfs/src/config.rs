@@ -147,9 +147,27 @@ pub fn active(storage: &Path) -> Option<PathBuf> {
     dir.is_dir().then_some(dir)
 }
 
-/// Whether the storage's configuration is a repository (then agents are served its active
-/// generation, and only a commit changes what they see).
+/// Whether the storage's configuration is a repository with a commit (then agents are served
+/// its active generation, and only a commit changes what they see). One being made (its first
+/// commit not written yet, as while a daemon takes an existing storage in) is not one yet.
 pub fn is_repository(storage: &Path) -> bool {
+    let dir = repo_dir(storage);
+    let Ok(head) = fs::read_to_string(dir.join("HEAD")) else { return false };
+    let head = head.trim();
+    match head.strip_prefix("ref: ") {
+        Some(r) if r.starts_with("refs/") && !r.contains("..") => {
+            dir.join(r).is_file()
+                || fs::read_to_string(dir.join("packed-refs"))
+                    .is_ok_and(|p| p.lines().any(|l| l.split_once(' ').is_some_and(|(_, n)| n == r)))
+        }
+        Some(_) => false,
+        None => !head.is_empty(),
+    }
+}
+
+/// Whether the storage's configuration is a repository or is becoming one (its first commit
+/// under way): a command's own change then waits for it and is committed.
+pub fn has_repository(storage: &Path) -> bool {
     repo_dir(storage).join("HEAD").is_file()
 }
 
@@ -813,6 +831,33 @@ pub fn ensure(storage: &Path) -> Result<String> {
         check_out(storage, &id, &tree)?;
     }
     Ok(id)
+}
+
+/// Which of the storage files `files` (`agent/x.d/policy`) differ in the work tree from `HEAD`:
+/// staged changes a command that commits its own change would otherwise carry with it. Empty
+/// for a storage that is not a repository.
+pub fn staged_in(storage: &Path, files: &[String]) -> Result<Vec<String>> {
+    let Some(repo) = open_repo(storage)? else { return Ok(Vec::new()) };
+    let Some(head) = head_commit(&repo) else { return Ok(Vec::new()) };
+    let tree = head.tree().map_err(git)?;
+    let mut out = Vec::new();
+    for f in files {
+        let committed = match tree.lookup_entry_by_path(f.as_str()).map_err(git)? {
+            Some(e) => Some(repo.find_object(e.object_id()).map_err(git)?.data.clone()),
+            None => None,
+        };
+        let at = storage.join(f);
+        let work = match fs::symlink_metadata(&at) {
+            Ok(m) if m.is_file() => Some(read_regular(&at)?),
+            Ok(_) => Some(Vec::new()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io_at("stat", &at)(e)),
+        };
+        if work != committed {
+            out.push(f.clone());
+        }
+    }
+    Ok(out)
 }
 
 /// The generations, newest first (`HEAD` and its first parents), at most `max`.

@@ -104,6 +104,20 @@ fn an_edit_is_seen_by_no_agent_until_it_is_committed_then_all_at_once() {
     );
     assert_eq!(ok(&["config", "log", "--source", src]).lines().count(), 2);
     assert_eq!(names(&v.join("tool")), ["hello.d", "other", "other.d"]);
+    // A grant never carries a staged edit of the files it writes into force under its name.
+    let o = ctx(&["agent", "grant", "--source", src, "coder", "tool:hello", "execute"]);
+    assert_eq!(o.status.code(), Some(1), "{}", tests::shown(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("agent/coder.d/policy has staged changes"),
+        "{}",
+        tests::shown(&o)
+    );
+    assert_eq!(
+        fs::read_to_string(st.join("agent/coder.d/policy")).unwrap(),
+        "allow coder_t tool:",
+        "untouched"
+    );
+    assert_eq!(ok(&["config", "log", "--source", src]).lines().count(), 2);
 
     // Rollback: the first generation's authority, as a new commit; the work tree follows.
     ok(&["config", "rollback", "--source", src, "HEAD~1"]);

@@ -474,6 +474,11 @@ fn settle(storage: &Path, rels: &[PathBuf], socket: Option<&str>, generation: Op
     }
 }
 
+/// Storage-relative paths as strings.
+fn strings(rels: &[PathBuf]) -> Vec<String> {
+    rels.iter().map(|r| r.to_string_lossy().into_owned()).collect()
+}
+
 /// Commits a grant's or revoke's controls (see [`crate::cmd::config::own_change`]).
 fn own_grant(storage: &Path, rels: &[PathBuf], message: &str) -> anyhow::Result<Option<String>> {
     let own: Vec<String> = rels.iter().map(|r| r.to_string_lossy().into_owned()).collect();
@@ -813,26 +818,29 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             rm(&at.source, &name, yes)
         }
         Cmd::Grant { at, name, object, perm } => {
+            let rels = grant_rels(&name, &object);
+            crate::cmd::config::unstaged(&at.source, &strings(&rels))?;
             for line in agents::grant(&at.source, &name, &object, &perm).map_err(exit::launch)? {
                 out::line(line)?;
             }
-            let rels = grant_rels(&name, &object);
             let g = own_grant(&at.source, &rels, &format!("agent grant {name} {object} {perm}"))?;
             settle(&at.source, &rels, None, g.as_deref());
             Ok(())
         }
         Cmd::Revoke { at, name, object, perm } => {
+            let rels = grant_rels(&name, &object);
+            crate::cmd::config::unstaged(&at.source, &strings(&rels))?;
             for line in agents::revoke(&at.source, &name, &object, &perm).map_err(exit::launch)? {
                 out::line(line)?;
             }
-            let rels = grant_rels(&name, &object);
             let g = own_grant(&at.source, &rels, &format!("agent revoke {name} {object} {perm}"))?;
             settle(&at.source, &rels, None, g.as_deref());
             Ok(())
         }
         Cmd::Set { at, name, key, value, allow_root } => {
-            out::line(agents::set(&at.source, &name, &key, &value, allow_root).map_err(exit::launch)?)?;
             let rel = format!("agent/{name}.d/{key}");
+            crate::cmd::config::unstaged(&at.source, std::slice::from_ref(&rel))?;
+            out::line(agents::set(&at.source, &name, &key, &value, allow_root).map_err(exit::launch)?)?;
             let g = crate::cmd::config::own_change(
                 &at.source,
                 std::slice::from_ref(&rel),

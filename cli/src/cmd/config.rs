@@ -75,12 +75,31 @@ fn failed(e: Error) -> anyhow::Error {
 /// configuration is a repository, with `message` saying what and who; returns the new
 /// generation. Nothing is done for a storage that is not one.
 pub fn own_change(storage: &Path, paths: &[String], message: &str) -> anyhow::Result<Option<String>> {
-    if !generations::is_repository(storage) {
+    if !generations::has_repository(storage) {
         return Ok(None);
     }
     let who = who();
     let c = Commit { message: &format!("{message}\n\nby {who}"), who: &who, only: Some(paths) };
     generations::commit(storage, &c).map_err(failed)
+}
+
+/// Refuses (1) before a command edits `files` for a commit of its own when any of them holds
+/// a staged change already: that change would go active under the command's message.
+pub fn unstaged(storage: &Path, files: &[String]) -> anyhow::Result<()> {
+    let staged = generations::staged_in(storage, files).map_err(failed)?;
+    if staged.is_empty() {
+        return Ok(());
+    }
+    Err(Exit::new(
+        exit::FAILURE,
+        format!(
+            "{} {} staged changes of {}: commit them (ctx config commit -m MSG PATH) or put them back first (ctx config diff)",
+            staged.join(", "),
+            if staged.len() == 1 { "has" } else { "have" },
+            if staged.len() == 1 { "its own" } else { "their own" },
+        ),
+    )
+    .into())
 }
 
 /// [`own_change`] of the system tier's objects `objects` (`tool/x`, `model/p/m`): each with its

@@ -404,13 +404,21 @@ pub fn create_as(storage: &Path, mut a: Spec, allow_root: bool) -> Result<String
         )));
     }
     generated::validate(&name, &controls).map_err(invalid)?;
-    if let Some(why) = label_taken(storage, &name, &label)? {
-        return Err(if parent.is_some() { Error::Denied(why) } else { Error::Invalid(why) });
+    // Taken or named in the work tree or in the configuration in force (a staged removal of a
+    // line grants nothing back, and neither does a committed line still in force).
+    let force = in_force(storage)?;
+    let roots: Vec<&Path> =
+        std::iter::once(storage).chain((force.as_path() != storage).then_some(force.as_path())).collect();
+    for root in &roots {
+        if let Some(why) = label_taken(root, &name, &label)? {
+            return Err(if parent.is_some() { Error::Denied(why) } else { Error::Invalid(why) });
+        }
     }
     // Lines that name a label no agent holds (left by `ctx agent rm`, or written ahead) grant
     // it authority: a child may not take such a label, whatever its parent holds; the
     // operator is told what the new agent will be granted by them.
-    let named = lines_naming(storage, &label, None);
+    let named: Vec<(PathBuf, u32, String)> =
+        roots.iter().flat_map(|root| lines_naming(root, &label, None)).collect();
     if !named.is_empty() {
         if parent.is_some() {
             return Err(Error::Denied(format!(

@@ -187,7 +187,7 @@ impl Run {
     /// repository, naming the agent, its uid and its session, and waits (up to 3 s) until the
     /// daemon serves it; says the new generation.
     fn commit(&self, storage: &Path, paths: &[String], what: &str) -> Result<Option<String>, String> {
-        if !ringfs::config::is_repository(storage) {
+        if !ringfs::config::has_repository(storage) {
             return Ok(None);
         }
         let who = format!("agent {} (uid {}, session {})", self.agent, self.uid, self.session);
