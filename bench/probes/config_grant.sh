@@ -70,13 +70,18 @@ echo "first commit of $A agents and $T tools: $(( (t1 - t0) / 1000000 )) ms"
 sync
 echo "grant, plain storage:          $(grants "$d/plain")"
 echo "grant, a commit per grant:     $(grants "$d/repo")"
-# The same with a daemon serving the repository: each grant also waits until the daemon
-# serves its generation.
-mkdir -p "$d/served"
-"$CTX" mount --source "$d/repo" --control "$d/served.sock" "$d/served" 2>/dev/null &
-served=$!
-until [ -S "$d/served.sock" ] && [ -e "$d/served/status" ]; do sleep 0.001; done
-echo "grant, served by a daemon:     $(grants "$d/repo")"
-kill $served; wait $served || true
+# The same with a daemon serving each storage: each grant also waits until the daemon serves
+# it (for a repository, its generation).
+served() {
+    mkdir -p "$d/served"
+    "$CTX" mount --source "$1" --control "$d/served.sock" "$d/served" 2>/dev/null &
+    pid=$!
+    until [ -S "$d/served.sock" ] && [ -e "$d/served/status" ]; do sleep 0.001; done
+    grants "$1"
+    kill $pid; wait $pid || true
+    rm -f "$d/served.sock"
+}
+echo "grant, plain, a daemon serving: $(served "$d/plain")"
+echo "grant, a repository, served:   $(served "$d/repo")"
 echo "daemon start, plain storage:   $(starts "$d/plain")"
 echo "daemon start, a repository:    $(starts "$d/repo")"

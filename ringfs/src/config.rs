@@ -615,8 +615,16 @@ fn commit_some(
 fn link_tree(from: &Path, to: &Path, rel: &str, only: &[String]) -> Result<()> {
     let meta = fs::symlink_metadata(from.join(rel)).map_err(io_at("stat", &from.join(rel)))?;
     let at = to.join(rel);
-    fs::create_dir(&at).map_err(io_at("create", &at))?;
-    own(&at, meta.mode(), meta.uid(), meta.gid())?;
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        fs::DirBuilder::new().mode(meta.mode() & 0o7777).create(&at).map_err(io_at("create", &at))?;
+    }
+    // Owner and mode set only where the new directory's differ (most are root's, 0755): a
+    // commit's cost is mostly this walk.
+    let made = fs::symlink_metadata(&at).map_err(io_at("stat", &at))?;
+    if (made.uid(), made.gid(), made.mode() & 0o7777) != (meta.uid(), meta.gid(), meta.mode() & 0o7777) {
+        own(&at, meta.mode(), meta.uid(), meta.gid())?;
+    }
     let rd = fs::read_dir(from.join(rel)).map_err(io_at("read directory", &from.join(rel)))?;
     for e in rd {
         let e = e.map_err(io_at("read directory", &from.join(rel)))?;
@@ -696,27 +704,32 @@ const SYNCED: &str = "config.synced";
 
 /// Makes the repository durable: a commit is on disk before it is activated. Every file and
 /// directory of the repository changed since the last time (objects, refs, `HEAD`; those of
-/// a commit that stopped before this step too) is synced, with two seconds' margin for the
-/// filesystem's clock; then the mark is moved to when this began. Only the repository's
-/// files are flushed, never the rest of the storage's filesystem.
+/// a commit that stopped before this step too) is synced. "Since" is the time of the mark the
+/// last sync left, taken from the filesystem's own clock (a file made when that sync began),
+/// so a file's time compares with it exactly; commits hold the lock, so nothing is written
+/// between. Only the repository's files are flushed, never the rest of the storage's
+/// filesystem.
 fn durable(storage: &Path) -> Result<()> {
     let repo = repo_dir(storage);
-    let mark = storage.join(DIR).join(SYNCED);
-    let began = std::time::SystemTime::now();
+    let dir = storage.join(DIR);
+    let mark = dir.join(SYNCED);
     let since = fs::metadata(&mark)
         .and_then(|m| m.modified())
-        .map_or(std::time::UNIX_EPOCH, |t| t - std::time::Duration::from_secs(2));
-    sync_newer(&repo, since)?;
+        .ok()
+        .filter(|t| *t <= std::time::SystemTime::now())
+        .unwrap_or(std::time::UNIX_EPOCH);
+    // The next mark, made now: its time is the filesystem's.
+    let next = dir.join(format!(".{SYNCED}.{}", std::process::id()));
+    let _ = fs::remove_file(&next);
     let f = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
+        .create_new(true)
         .write(true)
         .mode(0o600)
-        .open(&mark)
-        .map_err(io_at("open", &mark))?;
-    f.set_modified(began).map_err(io_at("touch", &mark))?;
-    f.sync_all().map_err(io_at("sync", &mark))?;
-    let dir = storage.join(DIR);
+        .open(&next)
+        .map_err(io_at("open", &next))?;
+    sync_newer(&repo, since)?;
+    f.sync_all().map_err(io_at("sync", &next))?;
+    fs::rename(&next, &mark).map_err(io_at("rename", &mark))?;
     fs::File::open(&dir).and_then(|d| d.sync_all()).map_err(io_at("sync", &dir))
 }
 
