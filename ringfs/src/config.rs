@@ -484,11 +484,22 @@ pub struct Commit<'a> {
     pub only: Option<&'a [String]>,
 }
 
+/// Writes `bytes` as a blob, unless the repository has it already: hashed first, so that an
+/// object it holds (an unchanged tool, the same executable under many names) is not compressed
+/// and written again.
+fn put_blob(repo: &gix::Repository, bytes: &[u8]) -> Result<gix::ObjectId> {
+    let id = gix::objs::compute_hash(repo.object_hash(), gix::object::Kind::Blob, bytes).map_err(git)?;
+    if repo.has_object(id) {
+        return Ok(id);
+    }
+    Ok(repo.write_blob(bytes).map_err(git)?.detach())
+}
+
 fn write_commit(repo: &gix::Repository, tree: &Tree, message: &str, who: &str) -> Result<String> {
     let mut editor = repo.empty_tree().edit().map_err(git)?;
     for (rel, e) in tree {
         let Some(bytes) = &e.bytes else { continue };
-        let blob = repo.write_blob(bytes).map_err(git)?.detach();
+        let blob = put_blob(repo, bytes)?;
         editor.upsert(rel.as_str(), kind_of(e.mode), blob).map_err(git)?;
     }
     let owners = repo.write_blob(owners_text(tree).as_bytes()).map_err(git)?.detach();
@@ -515,6 +526,25 @@ fn commit_tree(repo: &gix::Repository, tree_id: gix::ObjectId, message: &str, wh
 /// generation. Refused, with nothing changed, when a staged control does not parse.
 pub fn commit(storage: &Path, c: &Commit<'_>) -> Result<Option<String>> {
     let _lock = lock(storage)?;
+    commit_locked(storage, c)
+}
+
+/// A command's own change: [`commit`] of the paths `c.only` when the storage's configuration
+/// is a repository, checked once the lock is held (a first commit being made, as while a daemon
+/// takes the storage in, is waited for); nothing for a storage that is not one, whose files are
+/// served as they are.
+pub fn commit_own(storage: &Path, c: &Commit<'_>) -> Result<Option<String>> {
+    if !has_repository(storage) {
+        return Ok(None);
+    }
+    let _lock = lock(storage)?;
+    if !is_repository(storage) {
+        return Ok(None);
+    }
+    commit_locked(storage, c)
+}
+
+fn commit_locked(storage: &Path, c: &Commit<'_>) -> Result<Option<String>> {
     let repo = match open_repo(storage)? {
         Some(r) => r,
         None => init(storage)?,
@@ -575,7 +605,7 @@ fn commit_some(
     for (rel, e) in &taken {
         lines.insert(rel.clone(), (e.mode, e.uid, e.gid));
         let Some(bytes) = &e.bytes else { continue };
-        let blob = repo.write_blob(bytes).map_err(git)?.detach();
+        let blob = put_blob(repo, bytes)?;
         editor.upsert(rel.as_str(), kind_of(e.mode), blob).map_err(git)?;
     }
     let text: String = lines.iter().map(|(p, (m, u, g))| format!("{m:o} {u} {g} {p}\n")).collect();
@@ -727,28 +757,37 @@ fn durable(storage: &Path) -> Result<()> {
         .mode(0o600)
         .open(&next)
         .map_err(io_at("open", &next))?;
-    sync_newer(&repo, since)?;
+    sync_newer(&repo, since, false)?;
     f.sync_all().map_err(io_at("sync", &next))?;
     fs::rename(&next, &mark).map_err(io_at("rename", &mark))?;
     fs::File::open(&dir).and_then(|d| d.sync_all()).map_err(io_at("sync", &dir))
 }
 
-/// Syncs what below `dir` changed since `since`: a directory whose entries did not change
-/// (its modification time is older) holds no new file, so it is not listed.
-fn sync_newer(dir: &Path, since: std::time::SystemTime) -> Result<()> {
+/// Syncs the files below `dir` changed since `since`, and the directories holding them.
+/// Directories are all walked (a ref renamed into `refs/heads/` changes that directory's time,
+/// not `refs/`'s), but in `objects/` (`prune`), where objects are made directly in their
+/// fan-out directory: one whose time is older holds no new object and is not listed.
+fn sync_newer(dir: &Path, since: std::time::SystemTime, prune: bool) -> Result<bool> {
+    let mut changed = false;
     for e in fs::read_dir(dir).map_err(io_at("read directory", dir))? {
         let e = e.map_err(io_at("read directory", dir))?;
         let Ok(meta) = e.metadata() else { continue };
-        if meta.modified().is_ok_and(|t| t < since) {
-            continue;
-        }
+        let new = meta.modified().map_or(true, |t| t >= since);
         if meta.is_dir() {
-            sync_newer(&e.path(), since)?;
-        } else if meta.is_file() {
+            if prune && !new {
+                continue;
+            }
+            changed |= sync_newer(&e.path(), since, prune || e.file_name() == "objects")?;
+        } else if meta.is_file() && new {
             fs::File::open(e.path()).and_then(|f| f.sync_all()).map_err(io_at("sync", &e.path()))?;
+            changed = true;
         }
     }
-    fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_at("sync", dir))
+    let dir_new = fs::metadata(dir).and_then(|m| m.modified()).map_or(true, |t| t >= since);
+    if changed || dir_new {
+        fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_at("sync", dir))?;
+    }
+    Ok(changed || dir_new)
 }
 
 fn init(storage: &Path) -> Result<gix::Repository> {

@@ -491,6 +491,11 @@ fn watch_storage(
         },
         None => None,
     };
+    // An activation made before the watch existed (the first commit of a storage taken in at
+    // this start, beside the serving) is seen now.
+    if generations.is_some() && active.is_some_and(|a| a.reload()) {
+        let _ = tx.send(());
+    }
     let Some(fd) = epoch.watching(fd) else { return Ok(()) };
     let model_root = storage.join("model");
     let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 64 * 1024];

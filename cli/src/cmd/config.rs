@@ -80,7 +80,7 @@ pub fn own_change(storage: &Path, paths: &[String], message: &str) -> anyhow::Re
     }
     let who = who();
     let c = Commit { message: &format!("{message}\n\nby {who}"), who: &who, only: Some(paths) };
-    generations::commit(storage, &c).map_err(failed)
+    generations::commit_own(storage, &c).map_err(failed)
 }
 
 /// Refuses (1) before a command edits `files` for a commit of its own when any of them holds

@@ -271,11 +271,16 @@ pub fn in_force(storage: &Path) -> Result<PathBuf> {
     if !ringfs::config::is_repository(storage) {
         return Ok(storage.to_path_buf());
     }
+    if let Some(a) = ringfs::config::active(storage) {
+        return Ok(a);
+    }
+    // Not checked out (after a reboot: generations live in /run), or its first commit is being
+    // activated: `HEAD`'s generation, checked out now (or when the commit under way is done).
+    ringfs::config::ensure(storage).map_err(|e| {
+        Error::Unavailable(format!("{}: the active generation cannot be checked out: {e}", storage.display()))
+    })?;
     ringfs::config::active(storage).ok_or_else(|| {
-        Error::Unavailable(format!(
-            "{}: the active generation is not checked out (ctx mount checks it out at its start)",
-            storage.display()
-        ))
+        Error::Unavailable(format!("{}: the active generation is not checked out", storage.display()))
     })
 }
 
@@ -347,6 +352,12 @@ pub fn create_as(storage: &Path, mut a: Spec, allow_root: bool) -> Result<String
             // What is hidden from the parent stays hidden from its child (they share the
             // workspace).
             for h in auth.mounts.iter().filter(|m| m.mode == policy::mount::MountMode::Hide) {
+                if a.mounts.iter().any(|m| m.target == h.target && m.mode != h.mode) {
+                    return Err(Error::Denied(format!(
+                        "{} is hidden from agent {p}: its child may not mount it",
+                        h.target
+                    )));
+                }
                 if !a.mounts.iter().any(|m| m.target == h.target) {
                     a.mounts.push(h.clone());
                 }

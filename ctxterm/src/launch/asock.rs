@@ -268,8 +268,10 @@ impl Server {
     /// Keeps a listener per agent object, and the object's `.sock` symlink to it; accepts.
     /// Binds the sockets of agents that appeared, drops those of agents that went.
     fn rescan(&self, listeners: &mut HashMap<String, UnixListener>) {
-        // Sockets for the agents in force: one made and not committed has none yet.
-        let now = self.config().map(|root| agents(&root)).unwrap_or_default();
+        // Sockets for the agents in force: one made and not committed has none yet. When the
+        // configuration cannot be read, the sockets there stay.
+        let Some(root) = self.config() else { return };
+        let now = agents(&root);
         listeners.retain(|name, _| {
             let keep = now.contains(name);
             if !keep {

@@ -193,7 +193,7 @@ impl Run {
         let who = format!("agent {} (uid {}, session {})", self.agent, self.uid, self.session);
         let message = format!("{what}\n\nby {who}");
         let c = ringfs::config::Commit { message: &message, who: &who, only: Some(paths) };
-        let id = ringfs::config::commit(storage, &c).map_err(|e| format!("not activated: {e}"))?;
+        let id = ringfs::config::commit_own(storage, &c).map_err(|e| format!("not activated: {e}"))?;
         if let Some(id) = &id {
             let t = std::time::Instant::now();
             while t.elapsed() < std::time::Duration::from_secs(3)

@@ -71,17 +71,29 @@ fn host_of<'a>(c: &'a Contract, target: &'a Path) -> (&'a Path, &'a Path) {
 }
 
 /// Whether the sandbox's `target` is a directory on the host (`None` when it is not there):
-/// looked at beneath the tree it comes from, never through a symlink of the agent's.
-fn is_dir_on_host(c: &Contract, target: &Path) -> Option<bool> {
+/// looked at beneath the tree it comes from (the operator's path, its own symlinks resolved),
+/// never through a symlink of the agent's. Anything but "not there" refuses the start: a hide
+/// line is never dropped without a word.
+fn is_dir_on_host(c: &Contract, target: &Path) -> Result<Option<bool>> {
     let (base, rest) = host_of(c, target);
-    let tree = crate::beneath::Tree::open(base).ok()?;
+    let refused = |e: std::io::Error| Error::Bind { target: target.to_path_buf(), why: format!("hide: {e}") };
+    // root's: the workspace's or a bind's own path, the operator's
+    let base = std::fs::canonicalize(base).map_err(refused)?;
+    let tree = crate::beneath::Tree::open(&base).map_err(refused)?;
     let st = match (rest.parent(), rest.file_name()) {
-        (Some(parent), Some(name)) if !parent.as_os_str().is_empty() => tree.sub(parent).ok()?.stat(name),
+        (Some(parent), Some(name)) if !parent.as_os_str().is_empty() => {
+            tree.sub(parent).and_then(|t| t.stat(name))
+        }
         (_, Some(name)) => tree.stat(name),
         _ => tree.stat(""),
+    };
+    match st {
+        Ok(st) => {
+            Ok(Some(rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(refused(e)),
     }
-    .ok()?;
-    Some(rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory)
 }
 
 /// The mount table's binds, prepared with their flags, and its hidden targets.
@@ -94,7 +106,7 @@ fn table(c: &Contract) -> Result<Vec<Cover>> {
         std::fs::create_dir_all(&dir).map_err(run_io(&dir))?;
         if b.hide {
             // What the sandbox covers, by its type; a target that is not there has nothing to hide.
-            match is_dir_on_host(c, &b.target) {
+            match is_dir_on_host(c, &b.target)? {
                 Some(true) => out.push(Cover::Dir(b.target.clone())),
                 Some(false) => {
                     let empty = dir.join(".0");
@@ -240,15 +252,28 @@ pub fn command(c: &Contract, procs: &[PathBuf]) -> Result<Command> {
     }
     cmd.arg("--chdir").arg(&c.cwd);
     // The mount table, each bind prepared with its flags (bwrap's own binds cannot say noexec).
-    // Hidden targets are covered in table order: a line below a bind comes after it.
-    for cover in table(c)? {
+    // Binds and covers parents first (a cover is never bound over by a bind of a directory
+    // above it, the operator's read-only workspace included), in table order otherwise; the
+    // hidden directories are made read-only last, so that a bind below one finds its mount
+    // point.
+    let mut covers = table(c)?;
+    let target_of = |c: &Cover| match c {
+        Cover::Bind(_, t, _) | Cover::Dir(t) | Cover::File(_, t) => t.components().count(),
+    };
+    covers.sort_by_key(target_of);
+    for cover in &covers {
         match cover {
             Cover::Bind(at, target, rw) => {
-                cmd.arg(if rw { "--bind" } else { "--ro-bind" }).arg(&at).arg(&target)
+                cmd.arg(if *rw { "--bind" } else { "--ro-bind" }).arg(at).arg(target)
             }
-            Cover::Dir(target) => cmd.arg("--tmpfs").arg(&target).arg("--remount-ro").arg(&target),
-            Cover::File(empty, target) => cmd.arg("--ro-bind").arg(&empty).arg(&target),
+            Cover::Dir(target) => cmd.arg("--tmpfs").arg(target),
+            Cover::File(empty, target) => cmd.arg("--ro-bind").arg(empty).arg(target),
         };
+    }
+    for cover in &covers {
+        if let Cover::Dir(target) = cover {
+            cmd.arg("--remount-ro").arg(target);
+        }
     }
     cmd.arg("--clearenv");
     for (k, v) in &c.env {

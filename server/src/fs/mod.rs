@@ -131,29 +131,11 @@ impl Config {
     /// [`Config::new`], serving the storage's active configuration generation to agent
     /// views once its configuration is a repository: a generation left unactivated by an
     /// interrupted commit is activated first ([`ringfs::config::ensure`]), and the first
-    /// commit of a storage that is not one yet is taken in when it is made. A storage that
-    /// holds configuration and is not a repository becomes one at this first start, its files
-    /// as they are the first commit: made beside the serving (hashing every object takes
-    /// time), the storage served as it is until the commit is activated.
+    /// commit of a storage that is not one yet is taken in when it is made.
     pub fn committed(storage: PathBuf, bins: Vec<(String, PathBuf)>) -> io::Result<Config> {
         std::fs::create_dir_all(ringfs::config::generations_dir(&storage))?;
         if ringfs::config::is_repository(&storage) {
             ringfs::config::ensure(&storage).map_err(io::Error::other)?;
-        } else if ringfs::config::CLASSES.iter().any(|c| {
-            std::fs::read_dir(storage.join(c)).is_ok_and(|mut d| {
-                d.any(|e| e.is_ok_and(|e| e.file_name().to_str().is_some_and(ringfs::config::tracked_name)))
-            })
-        }) {
-            let at = storage.clone();
-            std::thread::Builder::new().name("config-migrate".into()).spawn(move || {
-                match ringfs::config::ensure(&at) {
-                    Ok(id) => tracing::info!(
-                        generation = %id,
-                        "the storage's configuration is a repository now: its files as they were, the first commit"
-                    ),
-                    Err(e) => tracing::warn!(error = %e, "the storage's configuration stays as it is, not a repository"),
-                }
-            })?;
         }
         let active = crate::storage::Active::open(&storage);
         Ok(Config { active: Some(active), ..Config::new(storage, bins) })
