@@ -9,7 +9,9 @@ A=${2:-100}
 T=${3:-100}
 N=${4:-50}
 d=$(mktemp -d /var/tmp/cfgbench.XXXXXX)
-trap 'rm -rf "$d"' EXIT
+# The storages' checked-out generations (in /run, named by a hash of the storage's path) go too.
+generations() { printf %s "$(realpath "$1")" | sha256sum | cut -c1-16; }
+trap 'rm -rf "$d" "/run/cortexfs/generation/$(generations "$d/repo")"' EXIT
 make_storage() {
     s=$1
     mkdir -p "$s/tool" "$s/agent" "$s/model" "$s/home" "$s/shared"
