@@ -11,7 +11,7 @@ N=${4:-50}
 d=$(mktemp -d /var/tmp/cfgbench.XXXXXX)
 # The storages' checked-out generations (in /run, named by a hash of the storage's path) go too.
 generations() { printf %s "$(realpath "$1")" | sha256sum | cut -c1-16; }
-trap 'rm -rf "$d" "/run/cortexfs/generation/$(generations "$d/repo")"' EXIT
+trap 'rm -rf "/run/cortexfs/generation/$(generations "$d/repo")" "/run/cortexfs/generation/$(generations "$d/plain")" "$d"' EXIT
 make_storage() {
     s=$1
     mkdir -p "$s/tool" "$s/agent" "$s/model" "$s/home" "$s/shared"
