@@ -116,14 +116,8 @@ pub fn own_objects(storage: &Path, objects: &[String], message: &str) -> anyhow:
 
 /// Waits (up to 3 s) until the daemon serving `storage` at `ctx` serves generation `id`.
 pub fn served(ctx: &Path, id: &str) {
-    let t = std::time::Instant::now();
-    while t.elapsed() < std::time::Duration::from_secs(3) {
-        // root's: the daemon's status file
-        let status = std::fs::read_to_string(ctx.join("status")).unwrap_or_default();
-        if policy::status::field(&status, "generation") == Some(id) {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
+    if ctxterm::launch::contract::served(ctx, id) {
+        return;
     }
     tracing::warn!(
         generation = id,

@@ -171,6 +171,25 @@ pub fn config_root(ctx: &Path) -> Result<PathBuf> {
     })
 }
 
+/// Waits (up to 3 s) until the daemon serving the host mount `ctx` says in its `status` that it
+/// serves configuration generation `id`; whether it did.
+pub fn served(ctx: &Path, id: &str) -> bool {
+    let t = std::time::Instant::now();
+    loop {
+        // root's: the daemon's status file
+        let status = crate::beneath::Tree::open(ctx)
+            .and_then(|t| t.read_string("status", 64 << 10))
+            .unwrap_or_default();
+        if policy::status::field(&status, "generation") == Some(id) {
+            return true;
+        }
+        if t.elapsed() >= std::time::Duration::from_secs(3) {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// An agent's control `name`, from `root`: the configuration a run is derived from (see
 /// [`config_root`]); read beneath it, never through a symlink, at most a control's bound.
 pub fn read_control(root: &Path, agent: &str, name: &str) -> Result<String> {

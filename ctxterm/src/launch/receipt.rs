@@ -195,12 +195,7 @@ impl Run {
         let c = ringfs::config::Commit { message: &message, who: &who, only: Some(paths) };
         let id = ringfs::config::commit_own(storage, &c).map_err(|e| format!("not activated: {e}"))?;
         if let Some(id) = &id {
-            let t = std::time::Instant::now();
-            while t.elapsed() < std::time::Duration::from_secs(3)
-                && policy::status::field(&self.ctx_read("status"), "generation") != Some(id.as_str())
-            {
-                std::thread::sleep(std::time::Duration::from_millis(5));
-            }
+            super::contract::served(&self.ctx, id);
         }
         Ok(id)
     }
