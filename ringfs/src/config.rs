@@ -20,7 +20,7 @@
 //! The repository is `<storage>/.cortexfs/config.git` (bare, root's alone); commits are
 //! serialized by a lock on `<storage>/.cortexfs/config.lock`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -43,6 +43,8 @@ pub const CLASSES: [&str; 3] = ["tool", "agent", "model"];
 /// Generations kept checked out: the active one and those before it (views may still be
 /// reading one they opened).
 const KEPT: usize = 3;
+/// How many checked-out generations there are when the oldest are removed.
+const PRUNED_AT: usize = 8;
 
 /// What went wrong with the configuration repository.
 #[derive(Debug, thiserror::Error)]
@@ -126,6 +128,56 @@ pub fn repo_dir(storage: &Path) -> PathBuf {
 /// it is missing, so it is kept in memory (`/run`) rather than written to the storage's disk
 /// at every commit.
 pub const GENERATIONS_ROOT: &str = "/run/cortexfs/generation";
+
+/// The options of the generations' filesystem: root's alone, and at most a quarter of the
+/// host's memory (checked-out generations share unchanged files, so this bounds roughly one
+/// copy of every storage's configuration).
+const GENERATIONS_OPTIONS: &std::ffi::CStr = c"mode=0700,size=25%";
+
+/// Makes sure [`GENERATIONS_ROOT`] is a memory filesystem: where `/run` is one (as on most
+/// hosts) nothing is done; where it is a disk's, root mounts a tmpfs there (mode 0700,
+/// `nosuid,nodev`, bounded by [`GENERATIONS_OPTIONS`]) once, under a lock, removing what an earlier
+/// checkout left on the disk. On a disk, each directory a checkout makes costs a journal
+/// transaction and often a bitmap read: a commit's checkout took 4 to 10 times as long.
+/// Derived state only is lost (a reboot loses it too): every generation is checked out again
+/// from the repository when missing. Anything that fails leaves the directory as it is.
+pub fn prepare_generations() {
+    const TMPFS_MAGIC: rustix::fs::FsWord = 0x0102_1994;
+    let root = Path::new(GENERATIONS_ROOT);
+    let on_tmpfs = |p: &Path| rustix::fs::statfs(p).is_ok_and(|s| s.f_type == TMPFS_MAGIC);
+    if on_tmpfs(root) || !rustix::process::geteuid().is_root() {
+        return;
+    }
+    let Some(parent) = root.parent() else { return };
+    if fs::create_dir_all(parent).is_err() {
+        return;
+    }
+    let lock = parent.join(".generation.lock");
+    let Ok(f) = fs::OpenOptions::new().create(true).append(true).mode(0o600).open(&lock) else { return };
+    if rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive).is_err() || on_tmpfs(root) {
+        return;
+    }
+    if root.is_dir() {
+        if let Ok(rd) = fs::read_dir(root) {
+            for e in rd.flatten() {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
+    } else if fs::create_dir(root).is_err() {
+        return;
+    }
+    use rustix::mount::MountFlags;
+    match rustix::mount::mount(
+        "cortexfs-generations",
+        root,
+        "tmpfs",
+        MountFlags::NOSUID | MountFlags::NODEV,
+        GENERATIONS_OPTIONS,
+    ) {
+        Ok(()) => tracing::info!(dir = %root.display(), "configuration generations kept in memory (tmpfs)"),
+        Err(e) => tracing::warn!(dir = %root.display(), error = %e, "configuration generations stay on disk"),
+    }
+}
 
 /// The directory holding the checked-out generations of `storage`:
 /// `/run/cortexfs/generation/<the first 16 hex digits of the SHA-256 of its canonical path>`.
@@ -457,6 +509,7 @@ struct Locked {
 }
 
 fn lock(storage: &Path) -> Result<Locked> {
+    prepare_generations();
     let dir = storage.join(DIR);
     fs::create_dir_all(&dir).map_err(io_at("create", &dir))?;
     let _ = fs::set_permissions(&dir, fs::Permissions::from_mode(0o700));
@@ -497,9 +550,20 @@ fn put_blob(repo: &gix::Repository, bytes: &[u8]) -> Result<gix::ObjectId> {
 
 fn write_commit(repo: &gix::Repository, tree: &Tree, message: &str, who: &str) -> Result<String> {
     let mut editor = repo.empty_tree().edit().map_err(git)?;
+    // Files whose bytes another entry has (the core tools are one executable under many
+    // names) are hashed once: compared byte for byte with the ones of the same length.
+    let mut seen: HashMap<usize, Vec<(&[u8], gix::ObjectId)>> = HashMap::new();
     for (rel, e) in tree {
         let Some(bytes) = &e.bytes else { continue };
-        let blob = put_blob(repo, bytes)?;
+        let same = seen.get(&bytes.len()).and_then(|v| v.iter().find(|(b, _)| *b == bytes.as_slice()));
+        let blob = match same {
+            Some((_, id)) => *id,
+            None => {
+                let id = put_blob(repo, bytes)?;
+                seen.entry(bytes.len()).or_default().push((bytes, id));
+                id
+            }
+        };
         editor.upsert(rel.as_str(), kind_of(e.mode), blob).map_err(git)?;
     }
     let owners = repo.write_blob(owners_text(tree).as_bytes()).map_err(git)?.detach();
@@ -641,33 +705,95 @@ fn commit_some(
 }
 
 /// Recreates directory `from` at `to` (directories made with their modes and owners, files
-/// linked), leaving out what is below `only`.
+/// linked), leaving out what is below `only`. Works from directory descriptors, each name
+/// resolved in its own directory: a commit's cost is mostly this walk.
 fn link_tree(from: &Path, to: &Path, rel: &str, only: &[String]) -> Result<()> {
-    let meta = fs::symlink_metadata(from.join(rel)).map_err(io_at("stat", &from.join(rel)))?;
-    let at = to.join(rel);
+    use rustix::fs::{Mode, OFlags};
+    let open = |p: &Path| {
+        rustix::fs::open(
+            p,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| io_at("open", p)(e.into()))
+    };
+    let src = open(&from.join(rel))?;
+    let st = rustix::fs::fstat(&src).map_err(|e| io_at("stat", from)(e.into()))?;
     {
         use std::os::unix::fs::DirBuilderExt;
-        fs::DirBuilder::new().mode(meta.mode() & 0o7777).create(&at).map_err(io_at("create", &at))?;
+        fs::DirBuilder::new().mode(st.st_mode & 0o7777).create(to).map_err(io_at("create", to))?;
     }
-    // Owner and mode set only where the new directory's differ (most are root's, 0755): a
-    // commit's cost is mostly this walk.
-    let made = fs::symlink_metadata(&at).map_err(io_at("stat", &at))?;
-    if (made.uid(), made.gid(), made.mode() & 0o7777) != (meta.uid(), meta.gid(), meta.mode() & 0o7777) {
-        own(&at, meta.mode(), meta.uid(), meta.gid())?;
-    }
-    let rd = fs::read_dir(from.join(rel)).map_err(io_at("read directory", &from.join(rel)))?;
-    for e in rd {
-        let e = e.map_err(io_at("read directory", &from.join(rel)))?;
-        let Some(name) = e.file_name().to_str().map(str::to_owned) else { continue };
-        let child = if rel.is_empty() { name } else { format!("{rel}/{name}") };
+    own(to, st.st_mode, st.st_uid, st.st_gid)?;
+    let dst = open(to)?;
+    link_dir(&src, &dst, to, rel, only)
+}
+
+/// [`link_tree`] of the directory open as `src` into the one open as `dst` (at `to`, for
+/// errors), `rel` being their storage-relative path.
+fn link_dir(
+    src: &std::os::fd::OwnedFd,
+    dst: &std::os::fd::OwnedFd,
+    to: &Path,
+    rel: &str,
+    only: &[String],
+) -> Result<()> {
+    use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+    use std::os::unix::ffi::OsStrExt;
+    let at = |name: &std::ffi::CStr| to.join(std::ffi::OsStr::from_bytes(name.to_bytes()));
+    let mut dir = rustix::fs::Dir::read_from(src).map_err(|e| io_at("read directory", to)(e.into()))?;
+    let mut made: Vec<(std::ffi::CString, String)> = Vec::new();
+    for e in dir.by_ref() {
+        let e = e.map_err(|e| io_at("read directory", to)(e.into()))?;
+        let name = e.file_name();
+        if name.to_bytes() == b"." || name.to_bytes() == b".." {
+            continue;
+        }
+        let Ok(n) = name.to_str() else { continue };
+        let child = if rel.is_empty() { n.to_owned() } else { format!("{rel}/{n}") };
         if in_scope(&child, Some(only)) {
             continue;
         }
-        if e.file_type().map_err(io_at("stat", &e.path()))?.is_dir() {
-            link_tree(from, to, &child, only)?;
+        let kind = match e.file_type() {
+            FileType::Unknown => rustix::fs::statat(src, name, AtFlags::SYMLINK_NOFOLLOW)
+                .map(|s| FileType::from_raw_mode(s.st_mode))
+                .map_err(|err| io_at("stat", &at(name))(err.into()))?,
+            k => k,
+        };
+        if kind == FileType::Directory {
+            made.push((name.to_owned(), child));
         } else {
-            fs::hard_link(e.path(), to.join(&child)).map_err(io_at("link", &to.join(&child)))?;
+            rustix::fs::linkat(src, name, dst, name, AtFlags::empty())
+                .map_err(|err| io_at("link", &at(name))(err.into()))?;
         }
+    }
+    for (name, child) in made {
+        let open = |d: &std::os::fd::OwnedFd| {
+            rustix::fs::openat(
+                d,
+                &name,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|err| io_at("open", &at(&name))(err.into()))
+        };
+        let sub = open(src)?;
+        let st = rustix::fs::fstat(&sub).map_err(|err| io_at("stat", &at(&name))(err.into()))?;
+        rustix::fs::mkdirat(dst, &name, Mode::from_raw_mode(st.st_mode & 0o7777))
+            .map_err(|err| io_at("create", &at(&name))(err.into()))?;
+        let new = open(dst)?;
+        // Owner and mode set only where the new directory's differ (most are root's, 0755).
+        let mine = rustix::fs::fstat(&new).map_err(|err| io_at("stat", &at(&name))(err.into()))?;
+        if (mine.st_uid, mine.st_gid, mine.st_mode & 0o7777) != (st.st_uid, st.st_gid, st.st_mode & 0o7777) {
+            rustix::fs::fchown(
+                &new,
+                Some(rustix::fs::Uid::from_raw(st.st_uid)),
+                Some(rustix::fs::Gid::from_raw(st.st_gid)),
+            )
+            .map_err(|err| io_at("chown", &at(&name))(err.into()))?;
+            rustix::fs::fchmod(&new, Mode::from_raw_mode(st.st_mode & 0o7777))
+                .map_err(|err| io_at("chmod", &at(&name))(err.into()))?;
+        }
+        link_dir(&sub, &new, &at(&name), &child, only)?;
     }
     Ok(())
 }
@@ -690,8 +816,10 @@ fn own(at: &Path, mode: u32, uid: u32, gid: u32) -> Result<()> {
 }
 
 /// Writes `tree`'s entries below `dir`; a file that `prev_tree` holds identically is linked
-/// from `prev` instead.
+/// from `prev` instead, and one whose bytes, mode and owner an entry written before has (the
+/// core tools are one executable under many names) is linked to that one.
 fn write_entries(dir: &Path, tree: &Tree, prev: Option<&Path>, prev_tree: Option<&Tree>) -> Result<()> {
+    let mut written: HashMap<usize, Vec<(&Entry, PathBuf)>> = HashMap::new();
     for (rel, e) in tree {
         let at = dir.join(rel);
         match &e.bytes {
@@ -704,6 +832,13 @@ fn write_entries(dir: &Path, tree: &Tree, prev: Option<&Path>, prev_tree: Option
                 let same = prev_tree.and_then(|t| t.get(rel)).is_some_and(|p| p == e);
                 if same && prev.is_some_and(|p| fs::hard_link(p.join(rel), &at).is_ok()) {
                     continue;
+                }
+                let twin = written.get(&bytes.len()).and_then(|v| v.iter().find(|(w, _)| *w == e));
+                if !is_link(e.mode) && twin.is_some_and(|(_, p)| fs::hard_link(p, &at).is_ok()) {
+                    continue;
+                }
+                if !is_link(e.mode) {
+                    written.entry(bytes.len()).or_default().push((e, at.clone()));
                 }
                 if is_link(e.mode) {
                     use std::os::unix::ffi::OsStrExt;
@@ -839,8 +974,22 @@ fn activate(storage: &Path, id: &str) -> Result<()> {
     Ok(())
 }
 
-/// Removes checked-out generations but the newest [`KEPT`] (the active one always kept).
+/// Removes checked-out generations but the newest [`KEPT`] (the active one always kept), once
+/// there are [`PRUNED_AT`] or more: a few commits in a row pay for one removal, not each of
+/// them for one (removing a generation costs what checking one out does).
 fn prune(storage: &Path, active: &str) {
+    prune_to(storage, active, PRUNED_AT);
+}
+
+/// Removes checked-out generations but the newest [`KEPT`] now: what a daemon serving the
+/// storage does in the background when it sees an activation, so that commits seldom do.
+pub fn prune_kept(storage: &Path) {
+    if let Some(active) = active_id(storage) {
+        prune_to(storage, &active, KEPT + 1);
+    }
+}
+
+fn prune_to(storage: &Path, active: &str, at: usize) {
     let gens = generations_dir(storage);
     let Ok(rd) = fs::read_dir(&gens) else { return };
     let mut dirs: Vec<(std::time::SystemTime, PathBuf)> = rd
@@ -852,6 +1001,9 @@ fn prune(storage: &Path, active: &str) {
         })
         .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
         .collect();
+    if dirs.len() + 1 < at {
+        return;
+    }
     dirs.sort();
     let drop = dirs.len().saturating_sub(KEPT - 1);
     for (_, d) in dirs.into_iter().take(drop) {

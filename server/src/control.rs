@@ -46,6 +46,9 @@ pub struct Views {
     views: Mutex<Vec<View>>,
     /// Set by [`Views::watch`]: views keep entries, dropped when what they show may change.
     cache: AtomicBool,
+    /// The host view's connection and filesystem ([`Views::serve_host`]): its entries are
+    /// dropped with the views' when the storage changes behind the daemon's back.
+    host: Mutex<Option<(u64, Arc<CtxFs>)>>,
 }
 
 impl std::fmt::Debug for Views {
@@ -58,7 +61,24 @@ impl Views {
     /// Views of the storage and binaries in `base`, served by `pool`, mounted by default under
     /// `root` ([`runtime::views_root`] of the daemon's control socket).
     pub fn new(base: Config, pool: Arc<Pool>, root: PathBuf) -> Views {
-        Views { base, pool, root, views: Mutex::new(Vec::new()), cache: AtomicBool::new(false) }
+        Views {
+            base,
+            pool,
+            root,
+            views: Mutex::new(Vec::new()),
+            cache: AtomicBool::new(false),
+            host: Mutex::new(None),
+        }
+    }
+
+    /// The host view (the connection `token` of the pool, serving `fs`): what a command
+    /// changes in the storage directly (`ctx agent grant`, `ctx config commit`) is read
+    /// through the host's `/ctx` as soon as the watch sees it, not once the kernel's cached
+    /// entries time out.
+    pub fn serve_host(&self, token: u64, fs: Arc<CtxFs>) {
+        if let Ok(mut h) = self.host.lock() {
+            *h = Some((token, fs));
+        }
     }
 
     /// Lets the kernels of the views created from now on keep entries and attributes, and
@@ -76,6 +96,10 @@ impl Views {
                 // Many changes at once (an install) are one invalidation.
                 while rx.try_recv().is_ok() {}
                 let Some(views) = views.upgrade() else { return };
+                let host = views.host.lock().ok().and_then(|h| h.clone());
+                if let Some((token, fs)) = host {
+                    views.pool.invalidate_entries_of(token, &fs);
+                }
                 let Ok(list) = views.views.lock() else { return };
                 for v in list.iter() {
                     views.pool.invalidate_entries(&v.mount, &v.fs);
@@ -512,6 +536,7 @@ fn watch_storage(
         let mut reader = inotify::Reader::new(fd, &mut buf);
         let mut new_dirs = Vec::new();
         let mut relevant = false;
+        let mut activated = false;
         loop {
             let ev = match reader.next() {
                 Ok(ev) => ev,
@@ -525,6 +550,7 @@ fn watch_storage(
             if Some(ev.wd()) == generations {
                 if name == ringfs::config::ACTIVE.as_bytes() && active.is_some_and(|a| a.reload()) {
                     relevant = true;
+                    activated = true;
                 }
                 if reader.is_buffer_empty() {
                     break;
@@ -587,6 +613,10 @@ fn watch_storage(
         epoch.settled();
         if relevant && tx.send(()).is_err() {
             return Ok(());
+        }
+        // The generations before the last few go now, here, rather than in a later commit.
+        if activated {
+            ringfs::config::prune_kept(storage);
         }
     }
 }

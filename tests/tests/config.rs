@@ -443,3 +443,70 @@ fn a_bootstrap_in_a_repository_commits_what_it_replaces() {
     assert!(log.lines().next().unwrap().contains("bootstrap: the core tools"), "{log}");
     assert!(ok(&["config", "status", "--source", src]).is_empty(), "nothing left staged");
 }
+
+/// A storage that holds configuration and is not a repository becomes one at the daemon's
+/// first start, its files as they are the first commit, before anything is served; from then
+/// on an edit is staged.
+#[test]
+fn an_existing_storage_becomes_a_repository_at_the_daemons_first_start() {
+    let mut s = Served::unstarted(&[]);
+    fs::create_dir_all(&s.storage).unwrap();
+    coder(&s.storage);
+    assert!(!ringfs::config::is_repository(&s.storage));
+    s.spawn();
+    let st = s.storage.clone();
+    let src = st.to_str().unwrap().to_owned();
+    assert!(generation(&s.p("status")).is_some(), "the first generation is served from the start");
+    let log = ok(&["config", "log", "--source", &src]);
+    assert_eq!(log.lines().count(), 1, "{log}");
+    assert!(log.contains("cortexfs: the storage's configuration as it was found"), "{log}");
+    let v = s.dir.path().join("v");
+    s.view("coder", "s1", &v);
+    assert_eq!(names(&v.join("tool")), ["hello", "hello.d"]);
+    fs::write(st.join("agent/coder.d/policy"), "allow coder_t tool:other execute\n").unwrap();
+    assert_eq!(ok(&["config", "status", "--source", &src]), "M agent/coder.d/policy\n");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(names(&v.join("tool")), ["hello", "hello.d"], "an edit after the migration is staged");
+}
+
+/// `ctx bootstrap` of a new storage makes it a repository, the bootstrapped tools its first
+/// generation (the core tools, one executable under many names, stored once).
+#[test]
+fn a_bootstrap_of_a_new_storage_makes_a_repository() {
+    let d = tempfile::tempdir_in("/var/tmp").unwrap();
+    let st = d.path().join("new");
+    let src = st.to_str().unwrap();
+    let said = ok(&["bootstrap", src]);
+    assert!(said.contains("the configuration is a repository"), "{said}");
+    let active = ringfs::config::active(&st).unwrap();
+    assert!(active.join("tool/fs.stat").is_file());
+    assert!(ok(&["config", "status", "--source", src]).is_empty());
+    use std::os::unix::fs::MetadataExt;
+    let ino = |t: &str| fs::metadata(active.join("tool").join(t)).unwrap().ino();
+    assert_eq!(ino("fs.stat"), ino("fs.read"), "one executable under two names is checked out once");
+    let _ = fs::remove_dir_all(ringfs::config::generations_dir(&st).parent().unwrap());
+}
+
+/// What a command writes into the storage directly (`ctx agent grant`, a commit) is read
+/// through the host's `/ctx` as soon as the daemon's watch sees it, however long the kernel
+/// may keep entries: the host view's cached entries are dropped with the agent views'. And a
+/// repository's checked-out generations are kept in memory.
+#[test]
+fn a_change_behind_the_daemons_back_reaches_the_host_mount_before_its_cache_times_out() {
+    let s = Served::start_with(&["--cache-timeout", "3600"]);
+    coder(&s.storage);
+    let src = s.storage.to_str().unwrap();
+    let through = s.mnt.join("agent/coder.d/policy");
+    until("the host mount reads the policy", || {
+        fs::read_to_string(&through).is_ok_and(|p| p == "allow coder_t tool:hello execute\n")
+    });
+    ok(&["agent", "grant", "coder", "tool:other", "execute", "--source", src]);
+    let granted = "allow coder_t tool:hello execute\nallow coder_t tool:other execute\n";
+    assert_eq!(fs::read_to_string(&through).unwrap(), granted, "read as soon as the grant returns");
+    ok(&["config", "commit", "--source", src, "-m", "first generation"]);
+    ok(&["agent", "revoke", "coder", "tool:other", "execute", "--source", src]);
+    assert_eq!(fs::read_to_string(&through).unwrap(), "allow coder_t tool:hello execute\n");
+    let statfs = rustix::fs::statfs(ringfs::config::GENERATIONS_ROOT).unwrap();
+    let tmpfs: rustix::fs::FsWord = 0x0102_1994;
+    assert_eq!(statfs.f_type, tmpfs, "generations are kept in a tmpfs");
+}

@@ -1233,3 +1233,50 @@ fn every_agent_control_counts_at_launch() {
         fs::read_to_string(h.s.storage.join(format!("home/6000/agent/ctl/session/{s}/state"))).unwrap();
     assert_eq!(state, "error\n");
 }
+
+/// Two rounds of 64 starts at once (8 agents of their own uids, 8 sessions each): every
+/// `ctx agent start --wait` returns the exit status of its own run (each run's status is
+/// different), each session records exactly one `run.end` with that code, and nothing is left
+/// running after a round.
+#[test]
+fn two_rounds_of_64_starts_at_once_each_return_their_own_exit_status() {
+    const AGENTS: u32 = 8;
+    const SESSIONS: u32 = 8;
+    let h = Host::new();
+    for a in 0..AGENTS {
+        h.agent(&format!("f{a}"), 3710 + a, &[]);
+    }
+    for round in 0..2 {
+        let runs: Vec<_> = (0..AGENTS * SESSIONS)
+            .map(|i| {
+                let (a, k) = (i / SESSIONS, i % SESSIONS);
+                let s = session(&format!("r{round}k{k}"));
+                // 100..=227: none is a status ctx itself answers with.
+                let code = 100 + round * AGENTS * SESSIONS + i;
+                let child = h
+                    .start(&format!("f{a}"), &s, &["--wait"], &["/bin/sh", "-c", &format!("exit {code}")])
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                (a, s, code, child)
+            })
+            .collect();
+        for (a, s, code, child) in runs {
+            let o = child.wait_with_output().unwrap();
+            assert_eq!(o.status.code(), Some(code as i32), "round {round}, f{a} {s}: {}", text(&o));
+            let ends: Vec<serde_json::Value> = h
+                .events(3710 + a, &format!("f{a}"), &s)
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .filter(|v| v["type"] == "run.end")
+                .collect();
+            assert_eq!(ends.len(), 1, "round {round}, f{a} {s}: one run.end: {ends:?}");
+            assert_eq!(ends[0]["code"], code, "round {round}, f{a} {s}: {}", ends[0]);
+        }
+        let ps = ctx(&["agent", "ps", "--control", h.s.control.to_str().unwrap()]);
+        assert!(ps.status.success(), "{}", text(&ps));
+        let left: Vec<&str> = std::str::from_utf8(&ps.stdout).unwrap().lines().skip(1).collect();
+        assert!(left.is_empty(), "round {round}: nothing left running: {left:?}");
+    }
+}

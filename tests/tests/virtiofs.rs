@@ -52,6 +52,9 @@ fn storage(dir: &Path) -> PathBuf {
         .collect();
     fs::write(st.join("agent/coder.d/policy"), grants).unwrap();
     fs::create_dir_all(st.join("home/0/agent/coder/session/s1")).unwrap();
+    // A new storage's configuration is a repository: the agent and its grants are served once
+    // committed.
+    ctx(&["config", "commit", "--source", st.to_str().unwrap(), "-m", "coder and its tools"]);
     st
 }
 

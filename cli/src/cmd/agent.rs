@@ -470,7 +470,7 @@ fn settle(storage: &Path, rels: &[PathBuf], socket: Option<&str>, generation: Op
         if sock && rels.iter().all(same) {
             return;
         }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
 

@@ -1,6 +1,7 @@
 //! `ctx bootstrap [SOURCE]`: the default layout, the core tools and tsh, installed into storage
-//! through the object store. In a storage whose configuration is a repository, what it installs
-//! or replaces is committed as its own change.
+//! through the object store. A storage it creates is made a configuration repository, the
+//! bootstrapped configuration its first generation; in a storage that is one already, what it
+//! installs or replaces is committed as its own change.
 //!
 //! What it installs and how: `coretools::bootstrap`. Idempotent: an object whose executable and
 //! controls already match is left alone. `--check`
@@ -44,6 +45,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     } else {
         Mode::Apply
     };
+    let new = !a.source.exists();
     let (said, changed) = bootstrap::run(&a.source, &bin, mode).map_err(|e| match &e {
         bootstrap::Error::Missing { .. } => Exit::new(exit::UNAVAILABLE, e.to_string()),
         bootstrap::Error::Storage(ringfs::Error::Io { source, .. })
@@ -56,7 +58,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     for line in &said {
         println!("{line}");
     }
-    if mode == Mode::Apply {
+    if mode == Mode::Apply && new {
+        let id = ringfs::config::ensure(&a.source).map_err(|e| Exit::new(exit::FAILURE, e.to_string()))?;
+        println!("generation {id} active: the configuration is a repository (ctx config)");
+    } else if mode == Mode::Apply {
         let objects: Vec<String> = said
             .iter()
             .filter_map(|l| l.strip_prefix("install ").or_else(|| l.strip_prefix("replace ")))

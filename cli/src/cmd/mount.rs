@@ -463,8 +463,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             }
         })?);
     let transport = pool.transport().name();
+    let fs = Arc::new(fs);
     let mount = pool
-        .mount_host(Arc::new(fs), Arc::new(data), mp)
+        .mount_host(Arc::clone(&fs), Arc::new(data), mp)
         .map_err(|e| Exit::new(exit::UNAVAILABLE, format!("cannot mount {}: {e}", mp.display())))?;
     // Agents start inside cgroups: moving their sandboxes there should not wait for the kernel.
     match ctxterm::launch::cgroups::favor_migrations() {
@@ -483,6 +484,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Arc::clone(&pool),
         policy::runtime::views_root(&a.control),
     ));
+    views.serve_host(mount.token(), fs);
     views.watch().map_err(|e| Exit::new(exit::INTERNAL, format!("cannot start the view notifier: {e}")))?;
     // Agent sockets first: a daemon is up once its control socket is.
     let storage = std::fs::canonicalize(&a.source).unwrap_or_else(|_| a.source.clone());

@@ -131,11 +131,40 @@ impl Config {
     /// [`Config::new`], serving the storage's active configuration generation to agent
     /// views once its configuration is a repository: a generation left unactivated by an
     /// interrupted commit is activated first ([`ringfs::config::ensure`]), and the first
-    /// commit of a storage that is not one yet is taken in when it is made.
+    /// commit of a storage that is not one yet is taken in when it is made. A storage that
+    /// holds configuration and is not a repository becomes one at this first start, its files
+    /// as they are the first commit, before anything is served: agents are never served its
+    /// files as they are and then, mid-run, a generation.
     pub fn committed(storage: PathBuf, bins: Vec<(String, PathBuf)>) -> io::Result<Config> {
+        ringfs::config::prepare_generations();
         std::fs::create_dir_all(ringfs::config::generations_dir(&storage))?;
+        let holds_config = || {
+            ringfs::config::CLASSES.iter().any(|c| {
+                std::fs::read_dir(storage.join(c)).is_ok_and(|mut d| {
+                    d.any(|e| {
+                        e.is_ok_and(|e| e.file_name().to_str().is_some_and(ringfs::config::tracked_name))
+                    })
+                })
+            })
+        };
         if ringfs::config::is_repository(&storage) {
             ringfs::config::ensure(&storage).map_err(io::Error::other)?;
+        } else if holds_config() {
+            // The root layout the daemon makes anyway, made first: in the first commit.
+            for d in crate::storage::LAYOUT {
+                let _ = std::fs::create_dir(storage.join(d));
+            }
+            let t = std::time::Instant::now();
+            match ringfs::config::ensure(&storage) {
+                Ok(id) => tracing::info!(
+                    generation = %id,
+                    ms = t.elapsed().as_millis() as u64,
+                    "the storage's configuration is a repository now: its files as they were, the first commit"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the storage's configuration stays as it is, not a repository")
+                }
+            }
         }
         let active = crate::storage::Active::open(&storage);
         Ok(Config { active: Some(active), ..Config::new(storage, bins) })

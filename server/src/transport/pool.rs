@@ -126,6 +126,11 @@ impl HostMount {
     pub fn mountpoint(&self) -> &Path {
         self.main.mountpoint()
     }
+
+    /// The host view's own connection (not the data connection of its `home/` and `shared/`).
+    pub fn token(&self) -> u64 {
+        self.main.token
+    }
 }
 
 /// The directories of the host view served by its data connection.
@@ -612,7 +617,12 @@ impl Pool {
     /// requests: the kernel waits for lookups in flight in a directory before it drops an entry
     /// there.
     pub fn invalidate_entries(&self, a: &Attached, fs: &CtxFs) {
-        let Some(conn) = self.inner.conns.read().ok().and_then(|c| c.get(&a.token).cloned()) else { return };
+        self.invalidate_entries_of(a.token, fs);
+    }
+
+    /// [`Pool::invalidate_entries`] of the connection `token` ([`HostMount::token`]).
+    pub fn invalidate_entries_of(&self, token: u64, fs: &CtxFs) {
+        let Some(conn) = self.inner.conns.read().ok().and_then(|c| c.get(&token).cloned()) else { return };
         let mut buf = vec![0u8; 4096 + 64];
         for (parent, name) in fs.known_entries() {
             let Ok(w) = FuseDevWriter::<()>::new(conn.file.as_raw_fd(), &mut buf) else { continue };
