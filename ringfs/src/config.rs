@@ -136,7 +136,7 @@ const GENERATIONS_OPTIONS: &std::ffi::CStr = c"mode=0700,size=25%";
 
 /// Makes sure [`GENERATIONS_ROOT`] is a memory filesystem: where `/run` is one (as on most
 /// hosts) nothing is done; where it is a disk's, root mounts a tmpfs there (mode 0700,
-/// `nosuid,nodev`, bounded by [`GENERATIONS_OPTIONS`]) once, under a lock, removing what an earlier
+/// `nosuid,nodev`, at most a quarter of RAM) once, under a lock, removing what an earlier
 /// checkout left on the disk. On a disk, each directory a checkout makes costs a journal
 /// transaction and often a bitmap read: a commit's checkout took 4 to 10 times as long.
 /// Derived state only is lost (a reboot loses it too): every generation is checked out again
@@ -981,7 +981,7 @@ fn prune(storage: &Path, active: &str) {
     prune_to(storage, active, PRUNED_AT);
 }
 
-/// Removes checked-out generations but the newest [`KEPT`] now: what a daemon serving the
+/// Removes checked-out generations but the newest three now: what a daemon serving the
 /// storage does in the background when it sees an activation, so that commits seldom do.
 pub fn prune_kept(storage: &Path) {
     if let Some(active) = active_id(storage) {
