@@ -40,6 +40,19 @@ pub const ACTIVE: &str = "active";
 pub const OWNERS: &str = ".owners";
 /// The versioned class directories.
 pub const CLASSES: [&str; 3] = ["tool", "agent", "model"];
+/// Where package records are in the repository (`package/<name>.json`), which live at
+/// [`crate::object::package::RECORDS`] in the storage, outside the root ABI.
+pub const PACKAGES: &str = "package";
+
+/// The storage path of the repository path `rel`: a package record's is below
+/// [`crate::object::package::RECORDS`]; every other is the same.
+pub fn storage_path(storage: &Path, rel: &str) -> PathBuf {
+    match rel.strip_prefix(PACKAGES) {
+        Some("") => storage.join(crate::object::package::RECORDS),
+        Some(rest) if rest.starts_with('/') => storage.join(crate::object::package::RECORDS).join(&rest[1..]),
+        _ => storage.join(rel),
+    }
+}
 /// Generations kept checked out: the active one and those before it (views may still be
 /// reading one they opened).
 const KEPT: usize = 3;
@@ -136,11 +149,12 @@ const GENERATIONS_OPTIONS: &std::ffi::CStr = c"mode=0700,size=25%";
 
 /// Makes sure [`GENERATIONS_ROOT`] is a memory filesystem: where `/run` is one (as on most
 /// hosts) nothing is done; where it is a disk's, root mounts a tmpfs there (mode 0700,
-/// `nosuid,nodev`, at most a quarter of RAM) once, under a lock, removing what an earlier
-/// checkout left on the disk. On a disk, each directory a checkout makes costs a journal
-/// transaction and often a bitmap read: a commit's checkout took 4 to 10 times as long.
-/// Derived state only is lost (a reboot loses it too): every generation is checked out again
-/// from the repository when missing. Anything that fails leaves the directory as it is.
+/// `nosuid,nodev`, at most a quarter of RAM) once, under a lock. On a disk, each directory a
+/// checkout makes costs a journal transaction and often a bitmap read: a commit's checkout took
+/// 4 to 10 times as long. What earlier checkouts left on the disk is hidden by the mount, then
+/// removed through the directory opened before it; derived state only (a reboot loses it too):
+/// every generation is checked out again from the repository when missing. Where the mount
+/// fails, nothing is removed and generations stay on the disk.
 pub fn prepare_generations() {
     const TMPFS_MAGIC: rustix::fs::FsWord = 0x0102_1994;
     let root = Path::new(GENERATIONS_ROOT);
@@ -157,15 +171,11 @@ pub fn prepare_generations() {
     if rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive).is_err() || on_tmpfs(root) {
         return;
     }
-    if root.is_dir() {
-        if let Ok(rd) = fs::read_dir(root) {
-            for e in rd.flatten() {
-                let _ = fs::remove_dir_all(e.path());
-            }
-        }
-    } else if fs::create_dir(root).is_err() {
+    if !root.is_dir() && fs::create_dir(root).is_err() {
         return;
     }
+    // The disk's directory, still reachable once the tmpfs hides it.
+    let under = crate::beneath::Tree::open(root).ok();
     use rustix::mount::MountFlags;
     match rustix::mount::mount(
         "cortexfs-generations",
@@ -174,7 +184,14 @@ pub fn prepare_generations() {
         MountFlags::NOSUID | MountFlags::NODEV,
         GENERATIONS_OPTIONS,
     ) {
-        Ok(()) => tracing::info!(dir = %root.display(), "configuration generations kept in memory (tmpfs)"),
+        Ok(()) => {
+            tracing::info!(dir = %root.display(), "configuration generations kept in memory (tmpfs)");
+            if let Some(t) = under {
+                for n in t.names(1 << 16).unwrap_or_default() {
+                    let _ = t.remove_all(&n);
+                }
+            }
+        }
         Err(e) => tracing::warn!(dir = %root.display(), error = %e, "configuration generations stay on disk"),
     }
 }
@@ -266,8 +283,16 @@ pub fn tracked_name(name: &str) -> bool {
     !name.starts_with('.') && !name.ends_with(".sock")
 }
 
-/// Whether the storage-relative path `rel` is versioned configuration.
+/// Whether the repository path `rel` is versioned configuration: below a class directory
+/// (the same path in the storage), or a package record (`package/NAME.json`, see
+/// [`storage_path`]).
 pub fn tracked(rel: &str) -> bool {
+    if let Some(name) = rel.strip_prefix(PACKAGES).and_then(|r| r.strip_prefix('/')) {
+        return !name.is_empty() && !name.contains('/') && !name.starts_with('.') && name.ends_with(".json");
+    }
+    if rel == PACKAGES {
+        return true;
+    }
     let parts: Vec<&str> = rel.split('/').collect();
     if !CLASSES.contains(&parts[0]) || parts.iter().any(|p| p.is_empty() || p.starts_with('.')) {
         return false;
@@ -372,6 +397,36 @@ pub fn staged(storage: &Path, scope: Option<&[String]>) -> Result<Tree> {
             );
         }
         walk(storage, class, scope, &mut tree)?;
+    }
+    // Package records: `<name>.json` regular files, versioned as `package/<name>.json`.
+    let records = storage.join(crate::object::package::RECORDS);
+    if let Ok(meta) = fs::symlink_metadata(&records)
+        && meta.is_dir()
+    {
+        let inside = in_scope(PACKAGES, scope);
+        let above = scope.is_some_and(|s| s.iter().any(|p| p.starts_with(&format!("{PACKAGES}/"))));
+        if inside || above {
+            tree.insert(
+                PACKAGES.into(),
+                Entry { mode: meta.mode(), uid: meta.uid(), gid: meta.gid(), bytes: None },
+            );
+        }
+        for e in fs::read_dir(&records).map_err(io_at("read directory", &records))? {
+            let e = e.map_err(io_at("read directory", &records))?;
+            let Some(name) = e.file_name().to_str().map(str::to_owned) else { continue };
+            let rel = format!("{PACKAGES}/{name}");
+            if name.starts_with('.') || !name.ends_with(".json") || !in_scope(&rel, scope) {
+                continue;
+            }
+            let meta = fs::symlink_metadata(e.path()).map_err(io_at("stat", &e.path()))?;
+            if meta.is_file() {
+                let bytes = read_regular(&e.path())?;
+                tree.insert(
+                    rel,
+                    Entry { mode: meta.mode(), uid: meta.uid(), gid: meta.gid(), bytes: Some(bytes) },
+                );
+            }
+        }
     }
     Ok(tree)
 }
@@ -683,7 +738,11 @@ fn commit_some(
     durable(storage)?;
     let gens = generations_dir(storage);
     let done = gens.join(&id);
-    match active(storage) {
+    // Built from the active generation only when that is `head`'s: a commit written and never
+    // activated (a process killed between the two, a full generations filesystem) is in this
+    // one's tree, and would be missing from a generation built from the one before it.
+    let head_hex = head.to_hex().to_string();
+    match active(storage).filter(|_| active_id(storage).as_deref() == Some(head_hex.as_str())) {
         Some(prev) => {
             let tmp = gens.join(format!(".{id}.{}", std::process::id()));
             let _ = fs::remove_dir_all(&tmp);
@@ -1050,7 +1109,7 @@ pub fn staged_in(storage: &Path, files: &[String]) -> Result<Vec<String>> {
             Some(e) => Some(repo.find_object(e.object_id()).map_err(git)?.data.clone()),
             None => None,
         };
-        let at = storage.join(f);
+        let at = storage_path(storage, f);
         let work = match fs::symlink_metadata(&at) {
             Ok(m) if m.is_file() => Some(read_regular(&at)?),
             Ok(_) => Some(Vec::new()),
@@ -1188,7 +1247,7 @@ fn write_work_tree(storage: &Path, tree: &Tree) -> Result<()> {
         if work.get(rel) == Some(e) {
             continue;
         }
-        let at = storage.join(rel);
+        let at = storage_path(storage, rel);
         match &e.bytes {
             None => {
                 let _ = fs::create_dir_all(&at);
@@ -1223,7 +1282,7 @@ fn write_work_tree(storage: &Path, tree: &Tree) -> Result<()> {
     let mut gone: Vec<&String> = work.keys().filter(|p| !tree.contains_key(*p)).collect();
     gone.reverse(); // children before their directories
     for rel in gone {
-        let at = storage.join(rel);
+        let at = storage_path(storage, rel);
         if work[rel].bytes.is_some() {
             let _ = fs::remove_file(&at);
         } else {
@@ -1358,6 +1417,39 @@ mod tests {
         assert_eq!(status(s).unwrap(), vec![Change { kind: 'M', path: "agent/a.d/policy".into() }]);
     }
 
+    /// A package record is versioned as `package/NAME.json`: committed whole and by path,
+    /// nothing left staged after, and a rollback puts the record back where packages keep it.
+    #[test]
+    fn package_records_are_committed_and_rolled_back_with_the_objects() {
+        let d = storage();
+        let s = d.path();
+        let records = s.join(crate::object::package::RECORDS);
+        fs::create_dir_all(&records).unwrap();
+        fs::write(records.join("kit.json"), b"{\"v\":1}").unwrap();
+        let first = ensure(s).unwrap();
+        assert!(active(s).unwrap().join("package/kit.json").is_file());
+        assert_eq!(status(s).unwrap(), vec![], "nothing staged after the first commit");
+        let all = Commit { message: "again", who: "root", only: None };
+        assert_eq!(commit(s, &all).unwrap(), None, "a commit of nothing new makes none");
+        fs::write(records.join("kit.json"), b"{\"v\":2}").unwrap();
+        fs::write(records.join("other.json"), b"{}").unwrap();
+        assert_eq!(
+            status(s).unwrap(),
+            vec![
+                Change { kind: 'M', path: "package/kit.json".into() },
+                Change { kind: 'A', path: "package/other.json".into() }
+            ]
+        );
+        let only = ["package/kit.json".to_string()];
+        commit(s, &Commit { message: "kit 2", who: "root", only: Some(&only) }).unwrap().unwrap();
+        assert_eq!(fs::read(active(s).unwrap().join("package/kit.json")).unwrap(), b"{\"v\":2}");
+        assert_eq!(status(s).unwrap(), vec![Change { kind: 'A', path: "package/other.json".into() }]);
+        fs::remove_file(records.join("other.json")).unwrap();
+        rollback(s, &first, "root").unwrap();
+        assert_eq!(fs::read(records.join("kit.json")).unwrap(), b"{\"v\":1}", "the record is back");
+        assert_eq!(status(s).unwrap(), vec![]);
+    }
+
     #[test]
     fn what_is_versioned() {
         assert!(tracked("agent/a.d/policy"));
@@ -1367,6 +1459,8 @@ mod tests {
         assert!(!tracked("agent/a.sock"));
         assert!(!tracked("agent/.cortexfs-stage.x"));
         assert!(!tracked("home/0/x"));
+        assert!(tracked("package") && tracked("package/kit.json"));
+        assert!(!tracked("package/.kit.json.tmp") && !tracked("package/a/b.json") && !tracked("package/x"));
         assert_eq!(control_of("model/p/m.d/cap"), Some((ObjectClass::Model, "p/m".into(), "cap".into())));
     }
 }

@@ -506,7 +506,48 @@ fn a_change_behind_the_daemons_back_reaches_the_host_mount_before_its_cache_time
     ok(&["config", "commit", "--source", src, "-m", "first generation"]);
     ok(&["agent", "revoke", "coder", "tool:other", "execute", "--source", src]);
     assert_eq!(fs::read_to_string(&through).unwrap(), "allow coder_t tool:hello execute\n");
+    // The host view's `home` and `shared` are the data connection's binds: dropping the host
+    // view's entries leaves them (the kernel detaches what is mounted on an entry it drops).
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    for d in ["home", "shared"] {
+        let at = s.mnt.join(d);
+        assert!(
+            info.lines().any(|l| l.split(' ').nth(4) == Some(at.to_str().unwrap())),
+            "{} is still bound",
+            at.display()
+        );
+    }
     let statfs = rustix::fs::statfs(ringfs::config::GENERATIONS_ROOT).unwrap();
     let tmpfs: rustix::fs::FsWord = 0x0102_1994;
     assert_eq!(statfs.f_type, tmpfs, "generations are kept in a tmpfs");
+}
+
+/// A package's record is configuration too: `ctx install` commits it with the package's
+/// objects (`package/NAME.json` in the repository, `.cortexfs/package/` in the storage),
+/// `ctx uninstall` commits its removal, and a rollback brings the record back with them.
+#[test]
+fn a_package_install_commits_its_record_with_its_objects() {
+    let s = Served::start();
+    let st = &s.storage;
+    let src = st.to_str().unwrap();
+    coder(st);
+    ok(&["config", "commit", "--source", src, "-m", "first generation"]);
+    let pkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/package");
+    ok(&["install", pkg.to_str().unwrap(), "--source", src]);
+    let active = || ringfs::config::active(st).unwrap();
+    assert!(active().join("package/review-kit.json").is_file(), "the record is in the generation");
+    assert!(active().join("tool/kit.count").is_file() && active().join("agent/reviewer").is_file());
+    let log = ok(&["config", "log", "--source", src]);
+    assert!(log.lines().next().unwrap().ends_with("install package review-kit 0.1.0"), "{log}");
+    assert!(ok(&["config", "status", "--source", src]).is_empty(), "nothing left staged");
+    let installed = ringfs::config::active_id(st).unwrap();
+    ok(&["uninstall", "review-kit", "--source", src, "--yes"]);
+    assert!(!active().join("package/review-kit.json").exists());
+    assert!(!st.join(".cortexfs/package/review-kit.json").exists());
+    assert!(ok(&["config", "status", "--source", src]).is_empty(), "nothing left staged");
+    ok(&["config", "rollback", &installed, "--source", src]);
+    assert!(st.join(".cortexfs/package/review-kit.json").is_file(), "the record is back in the storage");
+    let listed = ok(&["install", "--list", "--source", src]);
+    assert!(listed.contains("review-kit\t0.1.0\tinstalled"), "{listed}");
+    assert!(active().join("tool/kit.count").is_file());
 }

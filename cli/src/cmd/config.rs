@@ -105,7 +105,18 @@ pub fn unstaged(storage: &Path, files: &[String]) -> anyhow::Result<()> {
 /// [`own_change`] of the system tier's objects `objects` (`tool/x`, `model/p/m`): each with its
 /// control directory; then waits until the daemon serving the storage, if any, serves it.
 pub fn own_objects(storage: &Path, objects: &[String], message: &str) -> anyhow::Result<()> {
-    let paths: Vec<String> = objects.iter().flat_map(|o| [o.clone(), format!("{o}.d")]).collect();
+    own_objects_and(storage, objects, &[], message)
+}
+
+/// [`own_objects`] with the repository paths `more` (a package's record, `package/NAME.json`).
+pub fn own_objects_and(
+    storage: &Path,
+    objects: &[String],
+    more: &[String],
+    message: &str,
+) -> anyhow::Result<()> {
+    let mut paths: Vec<String> = objects.iter().flat_map(|o| [o.clone(), format!("{o}.d")]).collect();
+    paths.extend(more.iter().cloned());
     if let Some(id) = own_change(storage, &paths, message)?
         && let Some(ctx) = crate::cmd::agent::served_at(storage)
     {

@@ -124,10 +124,18 @@ pub fn install(a: InstallArgs) -> anyhow::Result<()> {
             .iter()
             .map(|o| format!("{}/{}", o.manifest.class.as_str(), o.manifest.name))
             .collect();
-        crate::cmd::config::own_objects(
+        crate::cmd::config::own_objects_and(
             &a.source,
             &objects,
+            &[format!("{}/{}.json", ringfs::config::PACKAGES, pkg.name)],
             &format!("install package {} {}", pkg.name, pkg.version),
+        )?;
+    } else if !a.dry_run {
+        // A user tier's objects are that user's files, not configuration; the record is.
+        crate::cmd::config::own_change(
+            &a.source,
+            &[format!("{}/{}.json", ringfs::config::PACKAGES, pkg.name)],
+            &format!("install package {} {} ({})", pkg.name, pkg.version, "user tier"),
         )?;
     }
     if a.dry_run {
@@ -141,11 +149,24 @@ pub fn install(a: InstallArgs) -> anyhow::Result<()> {
 pub fn uninstall(a: UninstallArgs) -> anyhow::Result<()> {
     let record = package::list(&a.source).map_err(fail)?.into_iter().find(|r| r.name == a.name);
     let steps = package::uninstall(&a.source, &a.name, !a.yes).map_err(fail)?;
+    let rec = vec![format!("{}/{}.json", ringfs::config::PACKAGES, a.name)];
+    if a.yes && record.as_ref().is_some_and(|r| r.uid.is_some()) {
+        crate::cmd::config::own_change(
+            &a.source,
+            &rec,
+            &format!("uninstall package {} (user tier)", a.name),
+        )?;
+    }
     if a.yes
         && let Some(r) = record.filter(|r| r.uid.is_none())
     {
         let objects: Vec<String> = r.objects.iter().map(|o| format!("{}/{}", o.class, o.name)).collect();
-        crate::cmd::config::own_objects(&a.source, &objects, &format!("uninstall package {}", a.name))?;
+        crate::cmd::config::own_objects_and(
+            &a.source,
+            &objects,
+            &rec,
+            &format!("uninstall package {}", a.name),
+        )?;
     }
     plan(&steps, a.yes)
 }

@@ -617,14 +617,26 @@ impl Pool {
     /// requests: the kernel waits for lookups in flight in a directory before it drops an entry
     /// there.
     pub fn invalidate_entries(&self, a: &Attached, fs: &CtxFs) {
-        self.invalidate_entries_of(a.token, fs);
+        self.drop_entries(a.token, fs, false);
     }
 
-    /// [`Pool::invalidate_entries`] of the connection `token` ([`HostMount::token`]).
+    /// [`Pool::invalidate_entries`] of the host view's own connection `token`
+    /// ([`HostMount::token`]), but for its `home` and `shared`: the data connection is bound
+    /// over those two entries, and the kernel detaches what is mounted on an entry it drops.
     pub fn invalidate_entries_of(&self, token: u64, fs: &CtxFs) {
+        self.drop_entries(token, fs, true);
+    }
+
+    fn drop_entries(&self, token: u64, fs: &CtxFs, host: bool) {
         let Some(conn) = self.inner.conns.read().ok().and_then(|c| c.get(&token).cloned()) else { return };
         let mut buf = vec![0u8; 4096 + 64];
         for (parent, name) in fs.known_entries() {
+            if host
+                && parent == fuse_backend_rs::api::filesystem::ROOT_ID
+                && DATA_DIRS.iter().any(|d| d.as_bytes() == name.as_bytes())
+            {
+                continue;
+            }
             let Ok(w) = FuseDevWriter::<()>::new(conn.file.as_raw_fd(), &mut buf) else { continue };
             // ENOENT: the kernel has no such entry cached.
             let _ = conn.server.notify_inval_entry(w, parent, &name);
