@@ -388,14 +388,7 @@ pub fn staged(storage: &Path, scope: Option<&[String]>) -> Result<Tree> {
             Ok(m) if m.is_dir() => m,
             _ => continue,
         };
-        let inside = in_scope(class, scope);
-        let above = scope.is_some_and(|s| s.iter().any(|p| p.starts_with(&format!("{class}/"))));
-        if inside || above {
-            tree.insert(
-                class.into(),
-                Entry { mode: meta.mode(), uid: meta.uid(), gid: meta.gid(), bytes: None },
-            );
-        }
+        take_top(&mut tree, class, &meta, scope);
         walk(storage, class, scope, &mut tree)?;
     }
     // Package records: `<name>.json` regular files, versioned as `package/<name>.json`.
@@ -403,14 +396,7 @@ pub fn staged(storage: &Path, scope: Option<&[String]>) -> Result<Tree> {
     if let Ok(meta) = fs::symlink_metadata(&records)
         && meta.is_dir()
     {
-        let inside = in_scope(PACKAGES, scope);
-        let above = scope.is_some_and(|s| s.iter().any(|p| p.starts_with(&format!("{PACKAGES}/"))));
-        if inside || above {
-            tree.insert(
-                PACKAGES.into(),
-                Entry { mode: meta.mode(), uid: meta.uid(), gid: meta.gid(), bytes: None },
-            );
-        }
+        take_top(&mut tree, PACKAGES, &meta, scope);
         for e in fs::read_dir(&records).map_err(io_at("read directory", &records))? {
             let e = e.map_err(io_at("read directory", &records))?;
             let Some(name) = e.file_name().to_str().map(str::to_owned) else { continue };
@@ -429,6 +415,15 @@ pub fn staged(storage: &Path, scope: Option<&[String]>) -> Result<Tree> {
         }
     }
     Ok(tree)
+}
+
+/// Takes the top directory `name` (a class directory, `package`) into `tree` when it is in
+/// `scope` or above it: a new object's parent comes with it.
+fn take_top(tree: &mut Tree, name: &str, meta: &fs::Metadata, scope: Option<&[String]>) {
+    let above = scope.is_some_and(|s| s.iter().any(|p| p.starts_with(&format!("{name}/"))));
+    if in_scope(name, scope) || above {
+        tree.insert(name.into(), Entry { mode: meta.mode(), uid: meta.uid(), gid: meta.gid(), bytes: None });
+    }
 }
 
 /// The largest object file a generation takes.
